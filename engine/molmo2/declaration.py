@@ -1,0 +1,132 @@
+"""The Molmo2 workload's declaration: plain data, importable without torch (DESIGN.md, "Names the Molmo2
+workload declares"). Extend these lists; never rename an entry — frozen registrations name them."""
+
+from __future__ import annotations
+
+from prereg.workload import ConfigKey, Metric, Probe, Profile, WorkloadDeclaration
+
+SWITCHES = {
+    "suffix_cudnn": "P1: suffix SDPA with cuDNN prepended to the backend list, training mode only",
+    "windowed_vram_peak": "P2: per-window vram_window_peak_gib and a peak reset; the lifetime field unchanged",
+    "device_assert_patch_count": "P3a: the <im_patch> count validation as a device-side assert (no host sync)",
+    "branchless_extension_lookup": "P3b: the extension-embedding lookup without the .any() branch",
+    "masked_loss_sums": "P3c: mask-multiplied sums instead of boolean indexing in the sum-form losses",
+    "no_embed_clone": "P4: no clone of the prefix embedding before the in-place masked feature add",
+}
+
+_TOL = frozenset({"tolerance"})
+PROBES = {
+    "one_step": Probe(
+        "one_step",
+        "one training step on a fixed micro-batch and seed, baseline vs item: loss, gradient norm, per-parameter "
+        "gradient hashes",
+        frozenset({"tolerance", "bitwise", "finite"}),
+        frozenset({"loss_abs", "loss_rel", "grad_norm_abs", "grad_norm_rel"}),
+    ),
+    "loss_curve": Probe(
+        "loss_curve",
+        "an N-step loss curve, baseline vs item, from the same init and data",
+        frozenset({"curve_overlay", "finite"}),
+        frozenset({"max_abs_diff"}),
+    ),
+    "decode_bytes": Probe(
+        "decode_bytes", "greedy decode of a pinned small eval plan, bytes compared", frozenset({"byte_match"})
+    ),
+    "planted_mismatch": Probe(
+        "planted_mismatch",
+        "a batch whose <im_patch> count disagrees with its image features: the forward must abort",
+        frozenset({"raises"}),
+    ),
+    "embed_outputs": Probe(
+        "embed_outputs",
+        "embedding outputs on fixed batches with and without FAST/extension ids",
+        frozenset({"bitwise"}),
+    ),
+    "loss_sums_fp64": Probe(
+        "loss_sums_fp64",
+        "the sum-form chunked losses against an fp64 reference; the mean-form losses against HEAD",
+        frozenset({"tolerance", "bitwise"}),
+        frozenset({"sum_rel", "sum_abs", "mean_abs"}),
+    ),
+    "window_schema": Probe(
+        "window_schema",
+        "a few logged windows: both memory fields present, lifetime >= window, lifetime monotone",
+        frozenset({"schema"}),
+    ),
+    "fwd_bwd_outputs": Probe(
+        "fwd_bwd_outputs",
+        "a fixed micro-batch forward + backward: outputs and every parameter gradient",
+        frozenset({"bitwise"}),
+    ),
+    "memory_peak": Probe(
+        "memory_peak", "peak allocated device memory over a few steps", frozenset({"memory"}), frozenset({"peak_gib"})
+    ),
+}
+
+_m = Metric
+METRICS = {
+    m.name: m
+    for m in [
+        _m("s_per_step", "s", "median", "device-synchronized seconds per training step"),
+        _m("tokens_per_s", "tok/s", "median", "tokens per second (useful tokens, padding excluded)"),
+        _m("loss", "nats", "median", "training loss"),
+        _m("finite", "bool", "last", "every loss and gradient in the window was finite", relative_ok=False),
+        _m("vram_peak_gib", "GiB", "max", "allocated device memory, lifetime peak"),
+        _m("vram_window_peak_gib", "GiB", "max", "allocated device memory, this window's peak"),
+        _m("vram_reserved_peak_gib", "GiB", "max", "the caching allocator's reserved pool, peak"),
+        _m("smi_peak_mib", "MiB", "max", "device-level memory as nvidia-smi reports it, context included"),
+        _m("rc", "code", "last", "the rung process's exit status", relative_ok=False),
+        _m("steps", "steps", "last", "steps completed", relative_ok=False),
+        _m("load_s", "s", "last", "model load time of the rung process"),
+        _m("gpu_s", "GPU-s", "last", "device-seconds held by the rung: wall time from start to end x devices"),
+        _m("probe_chunk_mae", "action units", "last", "greedy-decoded action chunk MAE on held-out episodes", True),
+        _m("probe_first_mae", "action units", "last", "greedy-decoded first-action MAE on held-out episodes", True),
+        _m("world_size", "ranks", "last", "processes in the rung", relative_ok=False),
+        # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
+        _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True),
+        _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True),
+        _m("state_copy_chunk_mae", "action units", "last", "state-copy fallback rows, chunk MAE", True),
+        _m("state_copy_first_mae", "action units", "last", "state-copy fallback rows, first-action MAE", True),
+    ]
+}
+
+PROFILES = {
+    "cpu-tiny": Profile("cpu-tiny", "cpu", 0, "tiny", "the tiny geometry on the CPU: seconds per step on two cores"),
+    "h200-4b": Profile("h200-4b", "cuda", 1, "4b", "the real Molmo2-4B geometry on one H200, bf16 autocast"),
+    "h200x2-4b": Profile("h200x2-4b", "cuda", 2, "4b", "Molmo2-4B on two H200s of one host, under torchrun"),
+    # The seeds' box: four H100s under DDP. The engine does not drive it; its results enter by `prereg record`.
+    "h100x4-4b": Profile("h100x4-4b", "cuda", 4, "4b", "the seeds' 4xH100 box (external; results are recorded)"),
+    "h100-4b": Profile("h100-4b", "cuda", 1, "4b", "one H100, the seeds' local bench GPU (external)"),
+}
+
+CONFIG_KEYS = {
+    k.name: k
+    for k in [
+        ConfigKey("batch", int, "samples per optimizer step (per rank)"),
+        ConfigKey("backward_chunks", int, "gradient-accumulation chunks per step; batch must divide evenly"),
+        ConfigKey("camera_counts", list, "camera counts the sampler draws from, e.g. [1, 2]"),
+        ConfigKey("max_crops", int, "high-resolution crops per image"),
+        ConfigKey("lr", float, "decoder learning rate"),
+        ConfigKey("grad_clip", float, "gradient-norm clip"),
+        ConfigKey("warmup", int, "learning-rate warm-up steps"),
+        ConfigKey("truncate_layers", int, "mount only the first N decoder layers"),
+        ConfigKey("zero1", bool, "ZeRO-1 optimizer sharding (multi-GPU)"),
+        ConfigKey("ddp", bool, "wrap in DistributedDataParallel (multi-GPU)"),
+        ConfigKey("chunk_grad_allreduce", bool, "explicit in-place gradient allreduce once per step"),
+        ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
+        ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
+        ConfigKey("compile", bool, "torch.compile the decoder layers"),
+        ConfigKey("bucket_by_length", bool, "length-bucketed batching by camera count"),
+        ConfigKey("fps", int, "action frames per second"),
+    ]
+}
+
+DECLARATION = WorkloadDeclaration(
+    name="molmo2",
+    switches=SWITCHES,
+    probes=PROBES,
+    metrics=METRICS,
+    profiles=PROFILES,
+    config_keys=CONFIG_KEYS,
+    runner="engine.molmo2.workload:Molmo2Workload",
+)

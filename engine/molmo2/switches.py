@@ -1,0 +1,45 @@
+"""The S-bundle of seed 000 as switches. All False is HEAD: the baseline faithful to the seed's code sites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+# Registration switch name -> the seed's item id, for messages and reports.
+SEED_ITEM = {
+    "suffix_cudnn": "P1",
+    "windowed_vram_peak": "P2",
+    "device_assert_patch_count": "P3a",
+    "branchless_extension_lookup": "P3b",
+    "masked_loss_sums": "P3c",
+    "no_embed_clone": "P4",
+}
+
+
+@dataclass(frozen=True)
+class Switches:
+    # P1: prepend cuDNN to the suffix attention's backend list, in training mode only (decode keeps HEAD's list).
+    suffix_cudnn: bool = False
+    # P2: emit vram_window_peak_gib per window and reset the peak; the lifetime field keeps its monotone meaning.
+    windowed_vram_peak: bool = False
+    # P3a: the <im_patch>-count validation as a device-side assert instead of int(is_patch.sum()) on the host.
+    device_assert_patch_count: bool = False
+    # P3b: the extension-embedding lookup without the bool(is_extension.any()) branch.
+    branchless_extension_lookup: bool = False
+    # P3c: mask-multiplied sums instead of boolean indexing in the sum-form (chunked) losses.
+    masked_loss_sums: bool = False
+    # P4: no clone of the prefix embedding before the in-place masked feature add.
+    no_embed_clone: bool = False
+
+    @classmethod
+    def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ValueError(f"unknown switch(es) {unknown}; the molmo2 workload has {sorted(known)}")
+        return cls(**{name: True for name in names})
+
+    def on(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self) if getattr(self, f.name))
+
+
+HEAD = Switches()

@@ -1,0 +1,116 @@
+"""Comparators: observed values of an oracle + its frozen bounds -> pass or fail, with the reason.
+
+One function per kind, the pass conditions of DESIGN.md's oracle table. The observed values come from a probe
+(or from `prereg record`, for measurements made elsewhere); the verdict never comes from the observer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Judgement:
+    passed: bool
+    reason: str  # for a failure: the observed value against the bound; for a pass: the margin
+
+
+def _number(observed: dict[str, Any], name: str) -> float | None:
+    value = observed.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def tolerance(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    failures, margins = [], []
+    for name, bound in sorted(bounds.items()):
+        value = _number(observed, name)
+        if value is None:
+            failures.append(f"{name} not observed")
+        elif not math.isfinite(value) or value > bound:
+            failures.append(f"{name} = {value:.4g} > bound {bound:.4g}")
+        else:
+            margins.append(f"{name} = {value:.4g} <= {bound:.4g}")
+    return Judgement(not failures, "; ".join(failures or margins))
+
+
+def bitwise(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    equal, total = observed.get("equal"), observed.get("total")
+    if not isinstance(equal, int) or not isinstance(total, int) or total <= 0:
+        return Judgement(False, f"equal/total not observed (got equal={equal!r}, total={total!r})")
+    if equal == total:
+        return Judgement(True, f"{equal}/{total} bitwise equal")
+    return Judgement(False, f"{equal}/{total} bitwise equal; first mismatch {observed.get('first_mismatch')!r}")
+
+
+def byte_match(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    if observed.get("equal") is True:
+        return Judgement(True, "byte-identical")
+    return Judgement(False, f"bytes differ; first difference {observed.get('first_difference')!r}")
+
+
+def curve_overlay(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    diff = _number(observed, "max_abs_diff")
+    limit = bounds.get("max_abs_diff", _number(observed, "band"))
+    if observed.get("finite") is not True:
+        return Judgement(False, "a curve is not finite (NaN/inf)")
+    if diff is None or limit is None:
+        return Judgement(False, "max_abs_diff and band (or a bound) must be observed")
+    name = "bound" if "max_abs_diff" in bounds else "the baseline's own step-to-step band"
+    if diff <= limit:
+        return Judgement(True, f"max |A-B| = {diff:.4g} <= {name} {limit:.4g}")
+    return Judgement(False, f"max |A-B| = {diff:.4g} > {name} {limit:.4g}")
+
+
+def finite(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    if observed.get("finite") is True:
+        return Judgement(True, "finite")
+    return Judgement(False, f"not finite; first bad step {observed.get('first_bad_step')!r}")
+
+
+def schema(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    missing, violations = observed.get("missing"), observed.get("violations")
+    if not isinstance(missing, list) or not isinstance(violations, list):
+        return Judgement(False, "missing/violations not observed")
+    if not missing and not violations:
+        return Judgement(True, "schema holds")
+    return Judgement(False, f"missing {missing}, violations {violations}")
+
+
+def raises(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    if observed.get("raised") is True:
+        return Judgement(True, f"aborted: {observed.get('message', '')}".strip())
+    return Judgement(False, "the planted fault did not abort")
+
+
+def memory(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    peak, bound = _number(observed, "peak_gib"), bounds["peak_gib"]
+    if peak is None:
+        return Judgement(False, "peak_gib not observed")
+    if peak <= bound:
+        return Judgement(True, f"peak {peak:.2f} GiB <= {bound:.2f}")
+    return Judgement(False, f"peak {peak:.2f} GiB > bound {bound:.2f}")
+
+
+JUDGES: dict[str, Callable[[dict[str, Any], dict[str, float]], Judgement]] = {
+    "tolerance": tolerance,
+    "bitwise": bitwise,
+    "byte_match": byte_match,
+    "curve_overlay": curve_overlay,
+    "finite": finite,
+    "schema": schema,
+    "raises": raises,
+    "memory": memory,
+}
+
+
+def judge(kind: str, observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    if kind not in JUDGES:
+        raise ValueError(f"unknown oracle kind {kind!r}; kinds are {sorted(JUDGES)}")
+    if observed.get("error"):
+        # The probe could not run (e.g. cuDNN on a CPU): a failure with that reason, never a skip.
+        return Judgement(False, f"probe could not run: {observed['error']}")
+    return JUDGES[kind](observed, bounds)

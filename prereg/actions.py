@@ -1,0 +1,170 @@
+"""The governance verbs that write the ledger: freeze, amend, record. Each validates everything first and then
+appends in one transaction, so bad input leaves the ledger byte-for-byte unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracles.judge import judge
+from prereg.amend import MeasuredState, apply_amendment, refuse_post_hoc, review_amendment
+from prereg.canonical import canonical_hash, file_hash
+from prereg.documents import document_dict, document_hash, load_amendment, load_record, load_registration, validate
+from prereg.errors import InvalidInput, Refused
+from prereg.ledger import Entry, Ledger
+from prereg.plan import plan_ladder
+from prereg.provenance import git_state, tool_version
+from prereg.schema import Registration
+from prereg.state import RegistrationState, check_record_rungs, require_frozen
+from prereg.workload import get_workload
+
+
+@dataclass(frozen=True)
+class FreezeResult:
+    reg_id: str
+    doc_hash: str
+    head: str
+    seq: int
+    already: bool  # freezing the same document again is a no-op
+
+
+def freeze(ledger: Ledger, path: Path) -> FreezeResult:
+    reg, raw = load_registration(path)
+    doc_hash = document_hash(reg)
+    if reg.id in ledger.reg_ids():
+        state = require_frozen(ledger, reg.id)
+        frozen = state.versions[0]
+        if frozen.doc_hash == doc_hash:
+            seq, head = ledger.head()
+            return FreezeResult(reg.id, doc_hash, head, frozen.seq, True)
+        raise Refused(
+            f"{reg.id} is already frozen with document {frozen.doc_hash[:12]}; this file's document is {doc_hash[:12]}",
+            where=str(path),
+            fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
+        )
+    entry = ledger.append(
+        "freeze",
+        reg.id,
+        {
+            "document": document_dict(reg),
+            "doc_hash": doc_hash,
+            "source_file": path.name,
+            "source_hash": file_hash(raw),
+            "git": git_state(path.resolve().parent),
+            "tool": tool_version(),
+        },
+    )
+    return FreezeResult(reg.id, doc_hash, entry.head, entry.seq, False)
+
+
+def measured_state(state: RegistrationState) -> MeasuredState:
+    owner = {o: r.item for o, r in state.oracles.items()}
+    return MeasuredState(
+        oracles_with_results=frozenset(state.oracles),
+        items_with_results=frozenset(owner.values()),
+        rungs_with_data=state.rungs_with_data(),
+        any_run=bool(state.runs),
+    )
+
+
+def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[Entry, tuple[str, ...]]:
+    state = require_frozen(ledger, reg_id)
+    amendment, raw = load_amendment(path)
+    new_document = apply_amendment(state.document, amendment)
+    new_reg = validate(Registration, new_document, where=str(path))
+    review = review_amendment(state.document, document_dict(new_reg), measured_state(state))
+    if review.post_hoc and not post_hoc:
+        refuse_post_hoc(review)
+    entry = ledger.append(
+        "amend",
+        reg_id,
+        {
+            "reason": amendment.reason,
+            "amendment": amendment.model_dump(mode="json"),
+            "document": document_dict(new_reg),
+            "doc_hash": document_hash(new_reg),
+            "changed": list(review.changed),
+            "post_hoc": list(review.post_hoc),
+            "source_file": path.name,
+            "source_hash": file_hash(raw),
+            "version": state.version + 1,
+        },
+    )
+    return entry, review.post_hoc
+
+
+def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
+    state = require_frozen(ledger, reg_id)
+    reg = state.registration()
+    rec, raw = load_record(path)
+    where = str(path)
+    owner = reg.oracle_owner()
+    for oracle_id in rec.oracles:
+        if oracle_id not in owner:
+            raise InvalidInput(f"oracles.{oracle_id}: not an oracle of {reg_id}; oracles are {sorted(owner)}", where=where)
+    check_record_rungs(reg, list(rec.rungs), where)
+    metrics = get_workload(reg.workload).metrics
+    item_ids = [i.id for i in reg.items]
+    for rung_id, rung in rec.rungs.items():
+        for item in rung.items:
+            if item not in item_ids:
+                raise InvalidInput(f"rungs.{rung_id}.items: {item!r} is not an item; items are {item_ids}", where=where)
+        names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"}
+        unknown = sorted(names - set(metrics))
+        if unknown:
+            raise InvalidInput(f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}", where=where)
+
+    batch: list[tuple[str, str | None, dict[str, Any], str | None]] = []
+    dropped = set(state.dropped())
+    for oracle_id, observed in rec.oracles.items():
+        item = reg.item(owner[oracle_id])
+        oracle = next(o for o in item.oracles if o.id == oracle_id)
+        verdict = judge(oracle.kind, dict(observed), oracle.bounds)
+        if not verdict.passed:
+            dropped.add(item.id)
+        batch.append(("oracle", reg_id, {
+            "oracle": oracle_id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": dict(observed),
+            "bounds": oracle.bounds, "passed": verdict.passed, "reason": verdict.reason, "version": state.version,
+            "external": True, "provenance": rec.provenance,
+        }, None))
+    planned = {p.id: p for p in plan_ladder(reg, dropped)}
+    rungs: dict[str, Any] = {}
+    for rung_id, rung in rec.rungs.items():
+        plan = planned[rung_id]
+        flagged = None
+        if plan.skip:
+            flagged = f"the plan does not run this rung: {plan.skip}"
+        elif sorted(rung.items) != sorted(plan.items):
+            extra = sorted(set(rung.items) - set(plan.items))
+            missing = sorted(set(plan.items) - set(rung.items))
+            parts = []
+            if extra:
+                parts.append(f"ran {extra}" + (" which the oracle gate dropped" if set(extra) & dropped else " which the plan does not include"))
+            if missing:
+                parts.append(f"lacked {missing}")
+            flagged = "; ".join(parts)
+        rungs[rung_id] = {**rung.model_dump(mode="json", exclude_none=True), "flagged": flagged}
+    batch.append(("record", reg_id, {
+        "provenance": rec.provenance, "source_file": path.name, "source_hash": file_hash(raw),
+        "version": state.version, "rungs": rungs, "oracles": sorted(rec.oracles),
+    }, None))
+    return ledger.append_many(batch)
+
+
+def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
+    """`prereg run` refuses a registration file that no longer matches what was frozen."""
+    state = require_frozen(ledger, reg_id)
+    frozen = next(e for e in ledger.entries(reg_id=reg_id, kinds=("freeze",)))
+    raw = path.read_bytes()
+    if file_hash(raw) != frozen.data["source_hash"]:
+        reg, _ = load_registration(path)
+        same_document = document_hash(reg) == state.versions[0].doc_hash
+        raise Refused(
+            f"{path} changed since it was frozen" + (" (formatting only)" if same_document else ""),
+            where=str(path),
+            fix="restore the frozen file (git checkout it); a change to a frozen registration is an amendment: prereg amend",
+        )
+
+
+__all__ = ["freeze", "amend", "record", "check_source_unchanged", "FreezeResult", "canonical_hash"]

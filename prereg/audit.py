@@ -1,0 +1,114 @@
+"""Audit queries over everything ever registered, run and decided: projections of the ledger, nothing stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prereg.ledger import Ledger
+from prereg.schema import CONFIDENCE_PROBABILITY
+from prereg.state import load_state
+
+
+def _latest_verdict(state) -> dict[str, Any] | None:
+    return state.verdicts[-1].data["verdict"] if state.verdicts else None
+
+
+def status_of(state) -> str:
+    if state.verdicts:
+        return "decided"
+    if any(r.status == "running" for r in state.runs):
+        return "running"
+    if state.runs or state.oracles:
+        return "measured"
+    return "frozen"
+
+
+def audit_list(ledger: Ledger) -> list[dict[str, Any]]:
+    rows = []
+    for reg_id in ledger.reg_ids():
+        state = load_state(ledger, reg_id, with_windows=False)
+        verdict = _latest_verdict(state)
+        rows.append({
+            "id": reg_id,
+            "title": state.document["title"],
+            "profile": state.document["profile"],
+            "versions": len(state.versions),
+            "status": status_of(state),
+            "outcome": verdict["outcome"] if verdict else None,
+            "post_hoc": bool(state.post_hoc_paths()),
+            "frozen": state.versions[0].ts,
+        })
+    return rows
+
+
+def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
+    state = load_state(ledger, reg_id, with_windows=False)
+    verdict = _latest_verdict(state)
+    return {
+        "id": reg_id,
+        "title": state.document["title"],
+        "question": state.document["question"],
+        "workload": state.document["workload"],
+        "profile": state.document["profile"],
+        "status": status_of(state),
+        "versions": [
+            {"version": v.number, "seq": v.seq, "ts": v.ts, "doc_hash": v.doc_hash, "reason": v.reason, "post_hoc": list(v.post_hoc)}
+            for v in state.versions
+        ],
+        "oracles": [
+            {"oracle": r.oracle, "item": r.item, "kind": r.kind, "passed": r.passed, "reason": r.reason, "observed": r.observed,
+             "bounds": r.bounds, "version": r.version, "external": r.external, "seq": r.seq}
+            for r in sorted(state.oracles.values(), key=lambda r: r.seq)
+        ],
+        "dropped": state.dropped(),
+        "runs": [
+            {"run": r.run_id, "rung": r.rung, "items": list(r.items), "status": r.status, "windows": r.n_windows, "external": r.external,
+             "version": r.version, "flagged": r.flagged, "kill": r.kill, "totals": r.totals, "provenance": r.provenance, "seq": r.start_seq}
+            for r in state.runs
+        ],
+        "entries": state.entry_counts,
+        "verdict": None if verdict is None else {
+            "outcome": verdict["outcome"], "rule": verdict["rule"], "land": verdict["land"], "park": verdict["park"],
+            "expectations": [{"n": e["n"], "result": e["result"]} for e in verdict["expectations"]],
+            "post_hoc": verdict["post_hoc"], "seq": state.verdicts[-1].seq,
+        },
+        "post_hoc": state.post_hoc_paths(),
+    }
+
+
+def audit_costs(ledger: Ledger) -> list[dict[str, Any]]:
+    from prereg.verdict import cost_summary
+
+    rows = []
+    for reg_id in ledger.reg_ids():
+        state = load_state(ledger, reg_id, with_windows=False)
+        cost = cost_summary(state.registration(), state)
+        rows.append({"id": reg_id, **cost})
+    return rows
+
+
+def audit_calibration(ledger: Ledger) -> dict[str, Any]:
+    """Hits per confidence level over every scored expectation of every latest verdict, and the Brier score."""
+    levels: dict[str, dict[str, int]] = {level: {"n": 0, "hits": 0, "undefined": 0} for level in CONFIDENCE_PROBABILITY}
+    squared_errors: list[float] = []
+    for reg_id in ledger.reg_ids():
+        state = load_state(ledger, reg_id, with_windows=False)
+        verdict = _latest_verdict(state)
+        if verdict is None:
+            continue
+        for expectation in verdict["expectations"]:
+            level = levels[expectation["confidence"]]
+            if expectation["result"] == "undefined":
+                level["undefined"] += 1
+                continue
+            level["n"] += 1
+            hit = expectation["result"] == "hit"
+            level["hits"] += hit
+            squared_errors.append((CONFIDENCE_PROBABILITY[expectation["confidence"]] - float(hit)) ** 2)
+    rows = [
+        {"confidence": name, "p": CONFIDENCE_PROBABILITY[name], "n": v["n"], "hits": v["hits"], "undefined": v["undefined"],
+         "hit_rate": (v["hits"] / v["n"]) if v["n"] else None}
+        for name, v in levels.items()
+    ]
+    brier = sum(squared_errors) / len(squared_errors) if squared_errors else None
+    return {"levels": rows, "scored": len(squared_errors), "brier": brier}

@@ -1,0 +1,397 @@
+"""The registration document: pydantic models, validated at construction, every reference resolved.
+
+A `Registration` that exists is one that can be evaluated: every item in a rung, rung and read in a rule,
+switch, probe, metric, profile and config key is checked here against the workload's declaration, and every
+expression is compiled by the rule language with the names of its scope. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from prereg.rules import RuleError, Scope, compile_expr
+from prereg.workload import WorkloadDeclaration, get_workload
+
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.'-]*$"
+Ident = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
+
+OracleKind = Literal["tolerance", "bitwise", "byte_match", "curve_overlay", "finite", "schema", "raises", "memory"]
+Confidence = Literal["low", "medium-low", "medium", "medium-high", "high"]
+# Calibration maps each confidence level to a probability (issue 2): used by `audit calibration`'s Brier score.
+CONFIDENCE_PROBABILITY: dict[str, float] = {
+    "low": 0.2,
+    "medium-low": 0.35,
+    "medium": 0.5,
+    "medium-high": 0.65,
+    "high": 0.8,
+}
+
+# Oracle kinds whose pass condition needs bounds, and the bound names each requires.
+KINDS_WITHOUT_BOUNDS = {"bitwise", "byte_match", "finite", "schema", "raises"}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class Cost(Strict):
+    ceiling_gpu_h: float = Field(gt=0, description="counts model loads, not only steps")
+    on_ceiling: Literal["stop", "finish-rung", "continue"] = "stop"
+
+    @field_validator("ceiling_gpu_h")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number of GPU-hours, got {value}")
+        return value
+
+
+class Oracle(Strict):
+    id: Ident
+    kind: OracleKind
+    probe: str
+    bounds: dict[str, float] = Field(default_factory=dict)
+    steps: int | None = Field(default=None, gt=0, description="curve length for curve_overlay probes")
+    title: str | None = None
+    notes: str | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds_finite_nonnegative(cls, bounds: dict[str, float]) -> dict[str, float]:
+        for name, value in bounds.items():
+            if isinstance(value, bool):
+                raise ValueError(f"bound {name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"bound {name} = {value} must be a finite number >= 0")
+        return bounds
+
+    @model_validator(mode="after")
+    def _bounds_fit_kind(self) -> "Oracle":
+        if self.kind == "tolerance" and not self.bounds:
+            raise ValueError("a tolerance oracle needs bounds, e.g. bounds = { loss_abs = 1e-3 }")
+        if self.kind == "memory" and set(self.bounds) != {"peak_gib"}:
+            raise ValueError(f"a memory oracle takes exactly bounds = {{ peak_gib = … }}, got {sorted(self.bounds)}")
+        if self.kind == "curve_overlay" and set(self.bounds) - {"max_abs_diff"}:
+            raise ValueError(f"a curve_overlay oracle takes only a max_abs_diff bound, got {sorted(self.bounds)}")
+        if self.kind in KINDS_WITHOUT_BOUNDS and self.bounds:
+            raise ValueError(f"a {self.kind} oracle has no bounds (it passes on equality/truth), got {self.bounds}")
+        if self.kind == "curve_overlay" and self.steps is None:
+            raise ValueError("a curve_overlay oracle needs steps = N (the curve length)")
+        return self
+
+
+class Item(Strict):
+    id: Ident
+    title: str
+    switch: str
+    bitwise: bool
+    oracles: list[Oracle] = Field(min_length=1)
+    notes: str | None = None
+
+
+class Rung(Strict):
+    id: Ident
+    items: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    title: str | None = None
+    notes: str | None = None
+
+
+class Protocol(Strict):
+    kind: Literal["compare", "until_pass"] = "compare"
+    schedule: Literal["sequential", "interleaved"] = "sequential"
+    steps: int = Field(gt=0)
+    log_every: int = Field(gt=0)
+    discard_first: int = Field(default=0, ge=0)
+    seed: int = 0
+    eval_every: int = Field(default=0, ge=0)
+    save_every: int = Field(default=0, ge=0)
+    config: dict[str, Any] = Field(default_factory=dict)
+    rungs: list[Rung] = Field(min_length=1)
+    pass_rule: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Protocol":
+        if self.discard_first >= self.steps:
+            raise ValueError(f"discard_first = {self.discard_first} leaves no step of steps = {self.steps} to read")
+        if self.kind == "until_pass" and not self.pass_rule:
+            raise ValueError('an until_pass ladder needs protocol.pass_rule, e.g. pass_rule = "rc == 0"')
+        if self.kind == "compare" and self.pass_rule:
+            raise ValueError('pass_rule belongs to until_pass ladders; set kind = "until_pass" or remove it')
+        return self
+
+
+class ConditionalLand(Strict):
+    item: str
+    if_: str = Field(alias="if")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+LandEntry = str | ConditionalLand
+
+
+class Rule(Strict):
+    id: Ident
+    when: str
+    outcome: str = Field(min_length=1)
+    land: list[LandEntry] = Field(default_factory=list)
+    park: list[str] = Field(default_factory=list)
+    notes: str | None = None
+
+
+class KillLine(Strict):
+    id: Ident
+    when: str
+    rungs: list[str] = Field(default_factory=list, description="empty: every rung")
+    drops: list[str] = Field(default_factory=list, description="items a firing drops before the ladder re-plans")
+    at: Literal["window", "save"] = "window"
+    notes: str | None = None
+
+
+class Expectation(Strict):
+    n: int = Field(ge=1)
+    part: str | None = Field(default=None, pattern=r"^[a-z]$", description="a seed expectation with several confidences: 3a, 3b")
+    claim: str
+    confidence: Confidence
+    check: str
+
+
+class Registration(Strict):
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=80)]
+    title: str
+    question: str
+    workload: str
+    profile: str
+    source: str | None = Field(default=None, description="where the practice this encodes is written down")
+    out_of_scope: list[str] = Field(default_factory=list)
+    cost: Cost
+    items: list[Item] = Field(default_factory=list)
+    protocol: Protocol
+    reads: dict[str, str] = Field(default_factory=dict)
+    rules: list[Rule] = Field(default_factory=list)
+    kill: list[KillLine] = Field(default_factory=list)
+    expectations: list[Expectation] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "Registration":
+        resolve_references(self)
+        return self
+
+    # Convenience lookups (pure functions of the document).
+    def item(self, item_id: str) -> Item:
+        return next(i for i in self.items if i.id == item_id)
+
+    def rung(self, rung_id: str) -> Rung:
+        return next(r for r in self.protocol.rungs if r.id == rung_id)
+
+    def oracle_owner(self) -> dict[str, str]:
+        return {o.id: i.id for i in self.items for o in i.oracles}
+
+    def rung_config(self, rung_id: str) -> dict[str, Any]:
+        return {**self.protocol.config, **self.rung(rung_id).config}
+
+
+def _duplicates(values: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return sorted({v for v in values if v in seen or seen.add(v)})
+
+
+def _check_unique(kind: str, ids: list[str]) -> None:
+    duplicated = _duplicates(ids)
+    if duplicated:
+        raise ValueError(f"duplicate {kind} id(s) {duplicated}: every {kind} id must be unique")
+
+
+def _check_config(where: str, config: dict[str, Any], workload: WorkloadDeclaration) -> None:
+    for key, value in config.items():
+        if key not in workload.config_keys:
+            raise ValueError(f"{where}: unknown config key {key!r}; {workload.name} takes {sorted(workload.config_keys)}")
+        expected = workload.config_keys[key].type
+        ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ValueError(f"{where}: config {key} = {value!r} must be {getattr(expected, '__name__', expected)}")
+
+
+def _compile(where: str, text: str, scope: Scope):
+    try:
+        return compile_expr(text, scope)
+    except RuleError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def resolve_references(reg: Registration) -> None:
+    """Resolve every name the document uses; raise ValueError naming the field path and the allowed names."""
+    try:
+        workload = get_workload(reg.workload)
+    except ValueError as error:
+        raise ValueError(f"workload: {error}") from None
+    if reg.profile not in workload.profiles:
+        raise ValueError(f"profile: {reg.profile!r} is not a profile of {workload.name}; it has {sorted(workload.profiles)}")
+
+    item_ids = [i.id for i in reg.items]
+    oracle_ids = [o.id for i in reg.items for o in i.oracles]
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    _check_unique("item", item_ids)
+    _check_unique("oracle", oracle_ids)
+    _check_unique("rung", rung_ids)
+    _check_unique("rule", [r.id for r in reg.rules])
+    _check_unique("kill line", [k.id for k in reg.kill])
+    _check_unique("expectation", [f"{e.n}{e.part or ''}" for e in reg.expectations])
+    clash = set(item_ids) & set(oracle_ids)
+    if clash:
+        raise ValueError(f"ids {sorted(clash)} name both an item and an oracle; passed(id) must be unambiguous")
+    if "PASS" in rung_ids:
+        raise ValueError("rung id 'PASS' is reserved: it names the rung that passed an until_pass ladder")
+
+    switches_used = [i.switch for i in reg.items]
+    _check_unique("switch (one item per switch)", switches_used)
+    for item in reg.items:
+        if item.switch not in workload.switches:
+            raise ValueError(f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has {sorted(workload.switches)}")
+        for oracle in item.oracles:
+            where = f"items.{item.id}.oracles.{oracle.id}"
+            probe = workload.probes.get(oracle.probe)
+            if probe is None:
+                raise ValueError(f"{where}.probe: {oracle.probe!r} is not a probe of {workload.name}; it has {sorted(workload.probes)}")
+            if oracle.kind not in probe.oracle_kinds:
+                raise ValueError(f"{where}.kind: probe {probe.name} cannot be judged by a {oracle.kind} oracle; it supports {sorted(probe.oracle_kinds)}")
+            if oracle.kind == "tolerance":
+                unknown = sorted(set(oracle.bounds) - probe.observes)
+                if unknown:
+                    raise ValueError(f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes {sorted(probe.observes)}")
+
+    _check_config("protocol.config", reg.protocol.config, workload)
+    for rung in reg.protocol.rungs:
+        _check_config(f"protocol.rungs.{rung.id}.config", rung.config, workload)
+        for item_id in rung.items:
+            if item_id not in item_ids:
+                raise ValueError(f"protocol.rungs.{rung.id}.items: {item_id!r} is not an item; items are {item_ids}")
+        _check_unique(f"item in rung {rung.id}", rung.items)
+
+    metrics = frozenset(workload.metrics)
+    until_pass = reg.protocol.kind == "until_pass"
+    rungs = frozenset(rung_ids) | ({"PASS"} if until_pass else set())
+    names = dict(
+        rungs=rungs,
+        metrics=metrics,
+        items=frozenset(item_ids),
+        oracles=frozenset(oracle_ids),
+        kills=frozenset([k.id for k in reg.kill] + rung_ids),
+    )
+    if reg.protocol.pass_rule:
+        _compile("protocol.pass_rule", reg.protocol.pass_rule, Scope(kind="pass_rule", **names))
+
+    read_names = frozenset(reg.reads)
+    clash = read_names & (frozenset(rung_ids) | metrics)
+    if clash:
+        raise ValueError(f"reads {sorted(clash)} shadow a rung or metric name; rename them")
+    dependencies: dict[str, frozenset[str]] = {}
+    for name, text in reg.reads.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ValueError(f"reads.{name}: a read name must be an identifier (letters, digits, _)")
+        expr = _compile(f"reads.{name}", text, Scope(kind="reads", reads=read_names, **names))
+        dependencies[name] = expr.reads_used()
+    _check_acyclic(dependencies)
+
+    for rule in reg.rules:
+        where = f"rules.{rule.id}"
+        _compile(f"{where}.when", rule.when, Scope(kind="rules", reads=read_names, **names))
+        landed: list[str] = []
+        for entry in rule.land:
+            item_id = entry if isinstance(entry, str) else entry.item
+            if not isinstance(entry, str):
+                _compile(f"{where}.land.{item_id}.if", entry.if_, Scope(kind="rules", reads=read_names, **names))
+            landed.append(item_id)
+        for item_id in landed + rule.park:
+            if item_id not in item_ids:
+                raise ValueError(f"{where}: {item_id!r} in land/park is not an item; items are {item_ids}")
+        both = sorted(set(landed) & set(rule.park))
+        if both:
+            raise ValueError(f"{where}: {both} both land and park")
+
+    for kill in reg.kill:
+        where = f"kill.{kill.id}"
+        _compile(f"{where}.when", kill.when, Scope(kind="kill", **names))
+        for rung_id in kill.rungs:
+            if rung_id not in rung_ids:
+                raise ValueError(f"{where}.rungs: {rung_id!r} is not a rung; rungs are {rung_ids}")
+        for item_id in kill.drops:
+            if item_id not in item_ids:
+                raise ValueError(f"{where}.drops: {item_id!r} is not an item; items are {item_ids}")
+        if kill.at == "save" and reg.protocol.save_every == 0:
+            raise ValueError(f'{where}.at: "save" waits for save boundaries, but protocol.save_every = 0')
+
+    for expectation in reg.expectations:
+        _compile(f"expectations.{expectation.n}.check", expectation.check, Scope(kind="expectations", reads=read_names, **names))
+
+
+def _check_acyclic(dependencies: dict[str, frozenset[str]]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = path[path.index(name):] + [name]
+            raise ValueError(f"reads form a cycle: {' -> '.join(cycle)}")
+        state[name] = 1
+        for dep in sorted(dependencies.get(name, ())):
+            visit(dep, path + [name])
+        state[name] = 2
+
+    for name in sorted(dependencies):
+        visit(name, [])
+
+
+# --- amendments and external records -------------------------------------------------------------------------
+
+
+class Amendment(Strict):
+    reason: str = Field(min_length=1)
+    add: dict[str, Any] = Field(default_factory=dict)
+    set: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Amendment":
+        if not self.add and not self.set:
+            raise ValueError("an amendment needs an [add…] or [set…] table; this one changes nothing")
+        return self
+
+
+RungStatus = Literal["finished", "killed", "failed", "over-ceiling"]
+
+
+class RecordedRung(Strict):
+    items: list[str]
+    status: RungStatus
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    windows: list[dict[str, float | int | bool]] = Field(default_factory=list)
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _has_data(self) -> "RecordedRung":
+        if not self.metrics and not self.windows:
+            raise ValueError("a recorded rung needs metrics = { … } or [[…windows]]")
+        for index, window in enumerate(self.windows):
+            if "step" not in window:
+                raise ValueError(f"windows[{index}] needs step = N (the window's last step)")
+        return self
+
+
+class ExternalRecord(Strict):
+    provenance: str = Field(min_length=1)
+    oracles: dict[str, dict[str, float | int | bool | str | list[str] | None]] = Field(default_factory=dict)
+    rungs: dict[str, RecordedRung] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "ExternalRecord":
+        if not self.oracles and not self.rungs:
+            raise ValueError("a record needs [oracles.ID] observations or [rungs.ID] measurements")
+        return self

@@ -1,0 +1,216 @@
+"""A registration's state, projected from its ledger entries: versions, oracle results, drops, runs, verdicts.
+
+Everything here is derived; the entries are the truth. Entry kinds and their `data`:
+- freeze / amend: the document (and for amend: reason, post_hoc paths), its hash, the source file's hash.
+- oracle: oracle id, item, kind, observed values, bounds, passed, reason, version, external.
+- run-start / window / run-end (ref = run id): rung, items, config, version; window metrics; status and totals.
+- interrupted (ref = run id): a run found without an end.
+- kill (ref = run id): kill line, rung, step, drops.
+- record: provenance, version, recorded oracle observations are separate oracle entries; rungs with their
+  status, metrics, windows, and whether their item set matched the plan.
+- verdict: the verdict's JSON.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from prereg.errors import InvalidInput, Refused
+from prereg.ledger import Entry, Ledger
+from prereg.schema import Registration
+from prereg.workload import get_workload
+
+RUN_KINDS = ("run-start", "run-end", "interrupted", "kill")
+
+
+@dataclass(frozen=True)
+class Version:
+    seq: int
+    number: int  # 0 = the frozen document, 1.. = amendments in order
+    document: dict[str, Any]
+    doc_hash: str
+    reason: str | None
+    post_hoc: tuple[str, ...]
+    ts: str
+
+
+@dataclass
+class RungRun:
+    """One attempt at a rung: an engine run or a recorded (external) rung."""
+
+    run_id: str
+    rung: str
+    items: tuple[str, ...]
+    version: int  # document version number in force when it was measured
+    status: str  # running | finished | killed | failed | over-ceiling | interrupted
+    external: bool
+    start_seq: int
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, Any] = field(default_factory=dict)  # run-end metrics (rc, steps, load_s, gpu_s) or recorded summary
+    flagged: str | None = None  # why a recorded rung is kept out of every read
+    kill: dict[str, Any] | None = None
+    primed_from: str | None = None  # C' re-runs C after a contingency dropped items
+    provenance: str | None = None
+    n_windows: int = 0
+
+
+@dataclass
+class OracleResult:
+    oracle: str
+    item: str
+    kind: str
+    observed: dict[str, Any]
+    bounds: dict[str, float]
+    passed: bool
+    reason: str
+    version: int
+    external: bool
+    seq: int
+
+
+@dataclass
+class RegistrationState:
+    reg_id: str
+    versions: list[Version]
+    oracles: dict[str, OracleResult]  # latest result per oracle
+    runs: list[RungRun]
+    kills: list[dict[str, Any]]
+    verdicts: list[Entry]
+    entry_counts: dict[str, int]
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return self.versions[-1].document
+
+    def registration(self) -> Registration:
+        return Registration.model_validate(self.document)
+
+    @property
+    def version(self) -> int:
+        return self.versions[-1].number
+
+    def registration_at(self, number: int) -> Registration:
+        return Registration.model_validate(self.versions[number].document)
+
+    def post_hoc_paths(self) -> list[str]:
+        return [f"amendment {v.number}: {p}" for v in self.versions for p in v.post_hoc]
+
+    def dropped(self) -> dict[str, dict[str, Any]]:
+        """item -> why it was dropped: the failing oracle with its observed value and bound, or the kill line."""
+        out: dict[str, dict[str, Any]] = {}
+        for result in sorted(self.oracles.values(), key=lambda r: r.seq):
+            if not result.passed and result.item not in out:
+                out[result.item] = {
+                    "cause": "oracle",
+                    "oracle": result.oracle,
+                    "kind": result.kind,
+                    "observed": result.observed,
+                    "bound": result.bounds,
+                    "reason": result.reason,
+                }
+        for kill in self.kills:
+            for item in kill.get("drops", []):
+                out.setdefault(item, {"cause": "kill", "kill": kill["kill"], "rung": kill["rung"], "step": kill.get("step"), "reason": kill.get("reason", "")})
+        return out
+
+    def rungs_with_data(self) -> frozenset[str]:
+        return frozenset(r.rung for r in self.runs if r.status != "interrupted")
+
+
+def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> RegistrationState:
+    versions: list[Version] = []
+    oracles: dict[str, OracleResult] = {}
+    runs: dict[str, RungRun] = {}
+    kills: list[dict[str, Any]] = []
+    verdicts: list[Entry] = []
+    counts: dict[str, int] = {}
+    for entry in ledger.entries(reg_id=reg_id, kinds=("freeze", "amend", "oracle", "record", "verdict") + RUN_KINDS):
+        data = entry.data
+        counts[entry.kind] = counts.get(entry.kind, 0) + 1
+        if entry.kind in ("freeze", "amend"):
+            versions.append(Version(entry.seq, len(versions), data["document"], data["doc_hash"], data.get("reason"), tuple(data.get("post_hoc", ())), entry.ts))
+        elif entry.kind == "oracle":
+            oracles[data["oracle"]] = OracleResult(
+                data["oracle"], data["item"], data["kind"], data["observed"], data["bounds"], data["passed"], data["reason"], data["version"], data.get("external", False), entry.seq
+            )
+        elif entry.kind == "run-start":
+            runs[entry.ref] = RungRun(entry.ref, data["rung"], tuple(data["items"]), data["version"], "running", False, entry.seq, primed_from=data.get("primed_from"))
+        elif entry.kind == "run-end":
+            run = runs[entry.ref]
+            run.status = data["status"]
+            run.totals = data.get("totals", {})
+        elif entry.kind == "interrupted":
+            runs[entry.ref].status = "interrupted"
+        elif entry.kind == "kill":
+            kills.append(data)
+            runs[entry.ref].kill = data
+        elif entry.kind == "record":
+            for rung_id, rung in data["rungs"].items():
+                run_id = f"record-{entry.seq}-{rung_id}"
+                runs[run_id] = RungRun(
+                    run_id, rung_id, tuple(rung["items"]), data["version"], rung["status"], True, entry.seq,
+                    windows=list(rung.get("windows", [])), totals=dict(rung.get("metrics", {})), flagged=rung.get("flagged"),
+                    provenance=data["provenance"], n_windows=len(rung.get("windows", [])),
+                )
+        elif entry.kind == "verdict":
+            verdicts.append(entry)
+    if not versions:
+        raise Refused(f"registration {reg_id!r} is not frozen in this ledger", fix=f"prereg freeze registrations/{reg_id}.toml")
+    windows = ledger.count_by(reg_id, "window")
+    for run_id, n in windows.items():
+        if run_id in runs:
+            runs[run_id].n_windows = n
+            if with_windows and n:
+                runs[run_id].windows = [e.data for e in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)]
+    counts["window"] = sum(windows.values())
+    return RegistrationState(reg_id, versions, oracles, sorted(runs.values(), key=lambda r: r.start_seq), kills, verdicts, counts)
+
+
+def require_frozen(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> RegistrationState:
+    if reg_id not in ledger.reg_ids():
+        raise Refused(f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml")
+    return load_state(ledger, reg_id, with_windows=with_windows)
+
+
+# --- rung summaries -------------------------------------------------------------------------------------------
+
+
+def summarize(run: RungRun, discard_first: int, workload_name: str) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """A rung's summary per metric, and the per-window samples it was taken over (kept windows only)."""
+    metrics = get_workload(workload_name).metrics
+    kept = [w for w in run.windows if w.get("step", 0) > discard_first]
+    samples: dict[str, list[float]] = {}
+    for window in kept:
+        for name, value in window.items():
+            if name in metrics and isinstance(value, (int, float)):
+                samples.setdefault(name, []).append(value)
+    summary: dict[str, Any] = {}
+    for name, values in samples.items():
+        how = metrics[name].summary
+        if how == "median":
+            summary[name] = statistics.median(values)
+        elif how == "max":
+            summary[name] = max(values)
+        elif how == "sum":
+            summary[name] = sum(values)
+        else:
+            summary[name] = values[-1]
+    if kept:
+        summary.setdefault("finite", all(bool(w.get("finite", True)) for w in kept))
+    for name, value in run.totals.items():
+        if name in metrics:
+            summary[name] = value  # run-end totals and recorded summaries are authoritative
+    return summary, samples
+
+
+def rung_index(reg: Registration) -> dict[str, int]:
+    return {r.id: i for i, r in enumerate(reg.protocol.rungs)}
+
+
+def check_record_rungs(reg: Registration, rung_ids: list[str], where: str) -> None:
+    known = [r.id for r in reg.protocol.rungs]
+    for rung_id in rung_ids:
+        if rung_id not in known:
+            raise InvalidInput(f"rungs.{rung_id}: not a rung of {reg.id}; rungs are {known}", where=where, fix="record only planned rungs (amend to add a rung first)")

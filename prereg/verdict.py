@@ -1,0 +1,371 @@
+"""The verdict: the frozen rules applied to what was measured, mechanically.
+
+Rules are tried in order; the first whose `when` holds decides. A rule whose `when` is undefined does not fire,
+and the verdict says which reads were undefined and why. Conditional land entries are evaluated the same way.
+Expectations are scored hit / miss / undefined. Every read that depends on rung windows also gets a bootstrap
+95% interval (windows resampled within each rung); the rule still decides on the value it names.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prereg.canonical import canonical_hash
+from prereg.ledger import Ledger
+from prereg.plan import PlannedRung, plan_ladder, primed
+from prereg.rules import Expr, Scope, Undefined, compile_expr
+from prereg.schema import ConditionalLand, Registration
+from prereg.state import RegistrationState, RungRun, load_state, summarize
+from prereg.workload import get_workload
+
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0  # fixed: the interval is part of the recorded verdict and must be reproducible
+
+
+@dataclass
+class RungView:
+    """What reads see of a rung."""
+
+    id: str
+    planned: PlannedRung
+    run: RungRun | None
+    summary: dict[str, Any]
+    samples: dict[str, list[float]]
+    why_undefined: str | None  # when the rung has no usable measurements
+
+
+def _usable(run: RungRun) -> bool:
+    return run.status != "interrupted" and run.flagged is None
+
+
+def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungView]:
+    dropped = set(state.dropped())
+    views: dict[str, RungView] = {}
+    until_pass = reg.protocol.kind == "until_pass"
+    for planned in plan_ladder(reg, dropped):
+        candidates = [r for r in state.runs if r.rung in (planned.id, primed(planned.id)) and _usable(r)]
+        flagged = [r for r in state.runs if r.rung == planned.id and r.flagged]
+        if planned.skip:
+            views[planned.id] = RungView(planned.id, planned, None, {}, {}, f"rung {planned.id} was not run: {planned.skip}")
+            continue
+        acceptable = ("finished", "killed", "failed", "over-ceiling") if until_pass else ("finished",)
+        reading = [r for r in candidates if r.status in acceptable]
+        if reading:
+            run = reading[-1]
+            summary, samples = summarize(run, reg.protocol.discard_first, reg.workload)
+            views[planned.id] = RungView(planned.id, planned, run, summary, samples, None)
+            continue
+        if candidates:
+            last = candidates[-1]
+            if last.kill:
+                why = f"rung {planned.id} was killed at step {last.kill.get('step')} by {last.kill.get('kill')}"
+            else:
+                why = f"rung {planned.id} has no finished run (last: {last.status})"
+        elif flagged:
+            why = f"rung {planned.id} was recorded with items {list(flagged[-1].items)} against a plan of {list(planned.items)}: {flagged[-1].flagged}"
+        else:
+            why = f"rung {planned.id} has not run"
+        views[planned.id] = RungView(planned.id, planned, None, {}, {}, why)
+    return views
+
+
+class VerdictEnv:
+    """The rule language's view of a registration's measurements (prereg.rules.Env)."""
+
+    def __init__(self, reg: Registration, state: RegistrationState, views: dict[str, RungView], passed_rung: str | None, pass_reason: str | None):
+        self.reg = reg
+        self.state = state
+        self.views = views
+        self.passed_rung = passed_rung
+        self.pass_reason = pass_reason
+        self.overrides: dict[tuple[str, str], Any] = {}
+        self._reads: dict[str, Any] = {}
+        self._compiled: dict[str, Expr] = {}
+        self.dropped_items = state.dropped()
+
+    def compiled_read(self, name: str) -> Expr:
+        if name not in self._compiled:
+            self._compiled[name] = compile_expr(self.reg.reads[name], read_scope(self.reg))
+        return self._compiled[name]
+
+    def read(self, name: str) -> Any:
+        if name not in self._reads:
+            self._reads[name] = self.compiled_read(name).evaluate(self)
+        return self._reads[name]
+
+    def rung_metric(self, rung: str, metric: str) -> Any:
+        if rung == "PASS":
+            if self.passed_rung is None:
+                return Undefined(f"no rung passed the ladder ({self.pass_reason})")
+            rung = self.passed_rung
+        if (rung, metric) in self.overrides:
+            return self.overrides[(rung, metric)]
+        view = self.views.get(rung)
+        if view is None or view.why_undefined:
+            return Undefined(view.why_undefined if view else f"rung {rung} is not in the plan")
+        if metric not in view.summary:
+            return Undefined(f"{rung}.{metric} was not measured")
+        return view.summary[metric]
+
+    def metric(self, name: str) -> Any:
+        return Undefined(f"bare metric {name} outside a pass rule")
+
+    def step(self) -> Any:
+        return Undefined("step outside a kill line")
+
+    def history(self, metric: str) -> list[tuple[int, float]]:
+        return []
+
+    def oracle_passed(self, ident: str) -> Any:
+        owner = self.reg.oracle_owner()
+        oracle_ids = [ident] if ident in owner else [o.id for o in self.reg.item(ident).oracles]
+        results = []
+        for oracle_id in oracle_ids:
+            result = self.state.oracles.get(oracle_id)
+            if result is None:
+                return Undefined(f"oracle {oracle_id} has no result")
+            results.append(result.passed)
+        return all(results)
+
+    def all_oracles_passed(self) -> Any:
+        missing = [o.id for i in self.reg.items for o in i.oracles if o.id not in self.state.oracles]
+        if missing:
+            return Undefined(f"oracles {missing} have no result")
+        return all(self.state.oracles[o.id].passed for i in self.reg.items for o in i.oracles)
+
+    def killed(self, ident: str) -> Any:
+        return any(k["kill"] == ident or k["rung"] == ident for k in self.state.kills)
+
+    def dropped(self, item_id: str) -> Any:
+        return item_id in self.dropped_items
+
+
+def read_scope(reg: Registration) -> Scope:
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    return Scope(
+        kind="reads",
+        reads=frozenset(reg.reads),
+        rungs=frozenset(rung_ids) | ({"PASS"} if reg.protocol.kind == "until_pass" else set()),
+        metrics=frozenset(get_workload(reg.workload).metrics),
+        items=frozenset(i.id for i in reg.items),
+        oracles=frozenset(o.id for i in reg.items for o in i.oracles),
+        kills=frozenset([k.id for k in reg.kill] + rung_ids),
+    )
+
+
+class PassRuleEnv(VerdictEnv):
+    """A pass rule sees the judged rung's summary as bare metric names."""
+
+    def __init__(self, base: VerdictEnv, view: RungView):
+        self.__dict__.update(base.__dict__)
+        self.view = view
+
+    def metric(self, name: str) -> Any:
+        if name not in self.view.summary:
+            return Undefined(f"{self.view.id}.{name} was not measured")
+        return self.view.summary[name]
+
+
+def judge_until_pass(state: RegistrationState, views: dict[str, RungView], base: VerdictEnv) -> tuple[str | None, list[dict[str, Any]], str]:
+    """Rungs in order; the first whose pass rule (the one in force when it was measured) holds passes."""
+    rejected: list[dict[str, Any]] = []
+    for rung_id, view in views.items():
+        if view.run is None:
+            if view.planned.skip:
+                rejected.append({"rung": rung_id, "result": "skipped", "reason": view.why_undefined})
+                continue
+            return None, rejected, f"rung {rung_id} has not been judged: {view.why_undefined}"
+        reg_then = state.registration_at(view.run.version)
+        rule_text = reg_then.protocol.pass_rule
+        assert rule_text, "until_pass ladders always have a pass rule"
+        scope = Scope(kind="pass_rule", rungs=frozenset(r.id for r in reg_then.protocol.rungs), metrics=read_scope(base.reg).metrics,
+                      items=frozenset(i.id for i in reg_then.items), oracles=frozenset(o.id for i in reg_then.items for o in i.oracles),
+                      kills=frozenset([k.id for k in reg_then.kill] + [r.id for r in reg_then.protocol.rungs]))
+        value = compile_expr(rule_text, scope).evaluate(PassRuleEnv(base, view))
+        shown = {m: view.summary.get(m) for m in sorted(view.summary) if m in rule_text}
+        if value is True:
+            return rung_id, rejected, f"{rung_id} passed `{rule_text}` with {shown}"
+        reason = f"`{rule_text}` is {'undefined: ' + value.reason if isinstance(value, Undefined) else 'false'} with {shown}"
+        rejected.append({"rung": rung_id, "result": "rejected", "pass_rule": rule_text, "version": view.run.version, "reason": reason})
+    return None, rejected, "no rung passed"
+
+
+def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any]) -> dict[str, list[float]]:
+    """95% percentile intervals for numeric reads, windows resampled with replacement within each rung."""
+    workload_metrics = get_workload(env.reg.workload).metrics
+    resamplable = {
+        (rung_id, metric): values
+        for rung_id, view in views.items()
+        if view.run is not None
+        for metric, values in view.samples.items()
+        if len(values) >= 2 and workload_metrics[metric].relative_ok
+    }
+    targets = [name for name, value in reads.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    dependent = [
+        name for name in targets
+        if any(pair in resamplable for pair in env.compiled_read(name).rung_metrics_used())
+    ]
+    if not dependent:
+        return {}
+    rng = random.Random(BOOTSTRAP_SEED)
+    draws: dict[str, list[float]] = {name: [] for name in dependent}
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        overrides = {}
+        for (rung_id, metric), values in resamplable.items():
+            sample = [values[rng.randrange(len(values))] for _ in values]
+            how = workload_metrics[metric].summary
+            overrides[(rung_id, metric)] = statistics.median(sample) if how == "median" else max(sample) if how == "max" else sample[-1]
+        trial = VerdictEnv(env.reg, env.state, env.views, env.passed_rung, env.pass_reason)
+        trial._compiled = env._compiled
+        trial.overrides = overrides
+        if env.passed_rung:
+            for (rung_id, metric), value in list(overrides.items()):
+                if rung_id == env.passed_rung:
+                    overrides[("PASS", metric)] = value
+        for name in dependent:
+            value = trial.read(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                draws[name].append(float(value))
+    intervals = {}
+    for name, values in draws.items():
+        if len(values) >= BOOTSTRAP_RESAMPLES // 2:
+            values.sort()
+            intervals[name] = [values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]]
+    return intervals
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Undefined):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
+    state = load_state(ledger, reg_id)
+    reg = state.registration()
+    views = rung_views(reg, state)
+    base = VerdictEnv(reg, state, views, None, None)
+    pass_block = None
+    if reg.protocol.kind == "until_pass":
+        passed, rejected, reason = judge_until_pass(state, views, base)
+        base = VerdictEnv(reg, state, views, passed, reason)
+        pass_block = {"passed": passed, "reason": reason, "rejected": rejected}
+
+    reads = {name: base.read(name) for name in reg.reads}
+    undefined = {name: value.reason for name, value in reads.items() if isinstance(value, Undefined)}
+    intervals = _bootstrap(base, views, reads)
+
+    rules_scope = replace(read_scope(reg), kind="rules")
+    fired = None
+    rule_trace = []
+    for rule in reg.rules:
+        value = compile_expr(rule.when, rules_scope).evaluate(base)
+        rule_trace.append({"rule": rule.id, "when": rule.when, "value": _json_value(value) if not isinstance(value, Undefined) else None,
+                           "undefined": value.reason if isinstance(value, Undefined) else None})
+        if value is True:
+            fired = rule
+            break
+
+    dropped = state.dropped()
+    land: list[str] = []
+    park: list[str] = []
+    conditional: list[dict[str, Any]] = []
+    if fired is not None:
+        for entry in fired.land:
+            if isinstance(entry, ConditionalLand):
+                value = compile_expr(entry.if_, rules_scope).evaluate(base)
+                conditional.append({"item": entry.item, "if": entry.if_, "value": _json_value(value), "undefined": value.reason if isinstance(value, Undefined) else None})
+                (land if value is True else park).append(entry.item)
+            else:
+                land.append(entry)
+        park.extend(fired.park)
+    landed_but_dropped = [i for i in land if i in dropped]
+    land = [i for i in land if i not in dropped]
+    for item in landed_but_dropped:
+        if item not in park:
+            park.append(item)
+
+    expectations = []
+    exp_scope = replace(read_scope(reg), kind="expectations")
+    for expectation in reg.expectations:
+        value = compile_expr(expectation.check, exp_scope).evaluate(base)
+        result = "undefined" if isinstance(value, Undefined) else "hit" if value is True else "miss"
+        expectations.append({"n": expectation.n, "part": expectation.part, "claim": expectation.claim, "confidence": expectation.confidence, "check": expectation.check,
+                             "result": result, "why": value.reason if isinstance(value, Undefined) else None})
+
+    rungs = []
+    for rung_id, view in views.items():
+        spread = {m: [min(v), max(v)] for m, v in view.samples.items() if len(v) >= 2}
+        rungs.append({
+            "rung": rung_id, "items": list(view.planned.items), "skip": view.planned.skip,
+            "run": view.run.run_id if view.run else None, "status": view.run.status if view.run else None,
+            "external": view.run.external if view.run else None, "version": view.run.version if view.run else None,
+            "windows": len([w for w in view.run.windows if w.get("step", 0) > reg.protocol.discard_first]) if view.run else 0,
+            "summary": {k: _json_value(v) for k, v in view.summary.items()}, "spread": spread, "why_undefined": view.why_undefined,
+        })
+    flagged = [{"rung": r.rung, "run": r.run_id, "items": list(r.items), "why": r.flagged} for r in state.runs if r.flagged]
+    cost = cost_summary(reg, state)
+    verdict = {
+        "registration": reg_id,
+        "version": state.version,
+        "doc_hash": state.versions[-1].doc_hash,
+        "outcome": fired.outcome if fired else None,
+        "rule": fired.id if fired else None,
+        "rules": rule_trace,
+        "land": land,
+        "park": park,
+        "conditional_land": conditional,
+        "dropped": dropped,
+        "reads": {name: _json_value(value) for name, value in reads.items()},
+        "intervals": intervals,
+        "undefined": undefined,
+        "expectations": expectations,
+        "rungs": rungs,
+        "flagged": flagged,
+        "until_pass": pass_block,
+        "post_hoc": state.post_hoc_paths(),
+        "cost": cost,
+    }
+    return verdict
+
+
+def cost_summary(reg: Registration, state: RegistrationState) -> dict[str, Any]:
+    gpu_s = {"load": 0.0, "oracle": 0.0, "steps": 0.0}
+    total = 0.0
+    per_rung: dict[str, float] = {}
+    for run in state.runs:
+        if run.external:
+            seconds = float(run.totals.get("gpu_s", 0.0))
+        else:
+            seconds = float(run.totals.get("gpu_s", 0.0))
+            gpu_s["load"] += float(run.totals.get("load_gpu_s", 0.0))
+            gpu_s["steps"] += seconds - float(run.totals.get("load_gpu_s", 0.0))
+        per_rung[run.rung] = per_rung.get(run.rung, 0.0) + seconds
+        total += seconds
+    oracle_s = float(sum(r.observed.get("gpu_s", 0.0) for r in state.oracles.values() if isinstance(r.observed.get("gpu_s", 0.0), (int, float))))
+    gpu_s["oracle"] = oracle_s
+    total += oracle_s
+    ceiling_s = reg.cost.ceiling_gpu_h * 3600
+    return {"gpu_s": round(total, 3), "ceiling_gpu_s": ceiling_s, "split": {k: round(v, 3) for k, v in gpu_s.items()},
+            "per_rung": {k: round(v, 3) for k, v in per_rung.items()}, "overrun": total > ceiling_s, "on_ceiling": reg.cost.on_ceiling}
+
+
+def verdict_digest(verdict: dict[str, Any]) -> str:
+    return canonical_hash(verdict)
+
+
+def record_verdict(ledger: Ledger, reg_id: str) -> tuple[dict[str, Any], bool]:
+    """Compute and append the verdict; idempotent: an unchanged verdict is not appended again."""
+    verdict = compute_verdict(ledger, reg_id)
+    digest = verdict_digest(verdict)
+    previous = [e for e in ledger.entries(reg_id=reg_id, kinds=("verdict",))]
+    if previous and previous[-1].data.get("digest") == digest:
+        return previous[-1].data["verdict"], False
+    ledger.append("verdict", reg_id, {"digest": digest, "verdict": verdict})
+    return verdict, True

@@ -1,0 +1,75 @@
+"""What a workload declares, without importing torch: the names a registration may use.
+
+Validation resolves every switch, probe, metric, profile and config key of a registration against this
+declaration, so a document that names something the workload cannot do is refused before it is frozen.
+The implementation behind a declaration (engine/…) is imported only to run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+SummaryKind = Literal["median", "max", "last", "sum"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    summary: SummaryKind  # how a rung's windows reduce to one value: median for times and rates, max for peaks
+    description: str
+    eval_only: bool = False  # present only on evaluation windows (probe metrics)
+    relative_ok: bool = True  # whether a bootstrap interval makes sense for reads over it
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    description: str
+    oracle_kinds: frozenset[str]  # the oracle kinds that can judge what this probe measures
+    observes: frozenset[str] = frozenset()  # for tolerance oracles: the bound names it reports
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: Literal["cpu", "cuda"]
+    gpus: int  # 0 for CPU profiles; >1 launches rungs under torchrun
+    geometry: str
+    description: str
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    type: type | tuple[type, ...]
+    description: str
+
+
+@dataclass(frozen=True)
+class WorkloadDeclaration:
+    name: str
+    switches: dict[str, str]  # name -> what it changes
+    probes: dict[str, Probe]
+    metrics: dict[str, Metric]
+    profiles: dict[str, Profile]
+    config_keys: dict[str, ConfigKey]
+    runner: str  # "module:callable" of the implementation, imported only to run
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+# name -> "module:attribute" of its declaration; importing a declaration never imports torch.
+WORKLOADS: dict[str, str] = {
+    "molmo2": "engine.molmo2.declaration:DECLARATION",
+}
+
+
+def get_workload(name: str) -> WorkloadDeclaration:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; registered workloads are {sorted(WORKLOADS)}")
+    module_name, _, attribute = WORKLOADS[name].partition(":")
+    declaration = getattr(importlib.import_module(module_name), attribute)
+    assert isinstance(declaration, WorkloadDeclaration), WORKLOADS[name]
+    return declaration
