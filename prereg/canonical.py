@@ -37,3 +37,15 @@ def canonical_hash(value: Any) -> str:
 
 def file_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def encode_nonfinite(window: dict[str, Any]) -> dict[str, Any]:
+    """A measurement that is not finite is kept, as the string "nan"/"inf"/"-inf" (JSON has no such numbers)."""
+    return {k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in window.items()}
+
+
+def decode_nonfinite(window: dict[str, Any]) -> dict[str, Any]:
+    return {k: (NONFINITE[v] if isinstance(v, str) and v in NONFINITE else v) for k, v in window.items()}

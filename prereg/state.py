@@ -17,12 +17,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from prereg.canonical import decode_nonfinite
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
 from prereg.schema import Registration
 from prereg.workload import get_workload
 
-RUN_KINDS = ("run-start", "run-end", "interrupted", "kill")
+RUN_KINDS = ("run-start", "run-end", "interrupted", "kill", "gate", "ceiling")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class RungRun:
     primed_from: str | None = None  # C' re-runs C after a contingency dropped items
     provenance: str | None = None
     n_windows: int = 0
+    ended_by: dict[str, Any] | None = None  # {"kill": id} | {"signal": name} | {"budget": True} | {"ceiling": True} | {"error": …}
 
 
 @dataclass
@@ -79,6 +81,8 @@ class RegistrationState:
     kills: list[dict[str, Any]]
     verdicts: list[Entry]
     entry_counts: dict[str, int]
+    gates: list[dict[str, Any]] = field(default_factory=list)  # oracle-gate processes: their device time
+    ceilings: list[dict[str, Any]] = field(default_factory=list)  # what the engine did at the cost ceiling
 
     @property
     def document(self) -> dict[str, Any]:
@@ -124,6 +128,8 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
     oracles: dict[str, OracleResult] = {}
     runs: dict[str, RungRun] = {}
     kills: list[dict[str, Any]] = []
+    gates: list[dict[str, Any]] = []
+    ceilings: list[dict[str, Any]] = []
     verdicts: list[Entry] = []
     counts: dict[str, int] = {}
     for entry in ledger.entries(reg_id=reg_id, kinds=("freeze", "amend", "oracle", "record", "verdict") + RUN_KINDS):
@@ -141,8 +147,14 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
             run = runs[entry.ref]
             run.status = data["status"]
             run.totals = data.get("totals", {})
+            run.ended_by = data.get("ended_by")
         elif entry.kind == "interrupted":
             runs[entry.ref].status = "interrupted"
+            runs[entry.ref].totals = data.get("totals", {})
+        elif entry.kind == "gate":
+            gates.append(data)
+        elif entry.kind == "ceiling":
+            ceilings.append(data)
         elif entry.kind == "kill":
             kills.append(data)
             runs[entry.ref].kill = data
@@ -163,9 +175,9 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
         if run_id in runs:
             runs[run_id].n_windows = n
             if with_windows and n:
-                runs[run_id].windows = [e.data for e in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)]
+                runs[run_id].windows = [decode_nonfinite(e.data) for e in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)]
     counts["window"] = sum(windows.values())
-    return RegistrationState(reg_id, versions, oracles, sorted(runs.values(), key=lambda r: r.start_seq), kills, verdicts, counts)
+    return RegistrationState(reg_id, versions, oracles, sorted(runs.values(), key=lambda r: r.start_seq), kills, verdicts, counts, gates, ceilings)
 
 
 def require_frozen(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> RegistrationState:

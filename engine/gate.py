@@ -1,0 +1,63 @@
+"""The oracle gate process: `python -m engine.gate …`, started by the ladder before any rung.
+
+For every oracle without a result, the workload's probe runs baseline and item on the same micro-batch and
+seed; the comparator judges the observed values against the frozen bounds; the result goes to the ledger.
+A probe that cannot run on this profile fails with that reason: it is not skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+PROCESS_START = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.gate")
+    parser.add_argument("--ledger", required=True)
+    parser.add_argument("--reg", required=True)
+    args = parser.parse_args(argv)
+
+    from engine.workload import make_runner
+    from oracles.judge import judge
+    from prereg.ledger import Ledger
+    from prereg.state import load_state
+    from prereg.workload import get_workload
+
+    ledger = Ledger.open(args.ledger, create=False)
+    state = load_state(ledger, args.reg, with_windows=False)
+    reg = state.registration()
+    declaration = get_workload(reg.workload)
+    profile = declaration.profiles[reg.profile]
+    pending = [(item, oracle) for item in reg.items for oracle in item.oracles if oracle.id not in state.oracles]
+    if not pending:
+        return 0
+    runner = make_runner(declaration, profile, dict(reg.protocol.config), reg.protocol.seed)
+    load_start = time.monotonic()
+    runner.load()
+    load_s = time.monotonic() - load_start
+    for item, oracle in pending:
+        start = time.monotonic()
+        try:
+            observed = runner.probe(oracle.probe, item.switch, oracle.model_dump(mode="json"))
+        except Exception as error:  # a probe that crashes is an oracle failure with the crash as its reason
+            observed = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        seconds = time.monotonic() - start
+        judgement = judge(oracle.kind, observed, oracle.bounds)
+        ledger.append("oracle", args.reg, {
+            "oracle": oracle.id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": observed,
+            "bounds": oracle.bounds, "passed": judgement.passed, "reason": judgement.reason, "version": state.version,
+            "external": False, "gpu_s": round(seconds * runner.devices, 4),
+        })
+        print(json.dumps({"event": "oracle", "oracle": oracle.id, "item": item.id, "passed": judgement.passed, "reason": judgement.reason}), flush=True)
+    wall = time.monotonic() - PROCESS_START
+    ledger.append("gate", args.reg, {"load_s": round(load_s, 4), "wall_s": round(wall, 4), "gpu_s": round(wall * runner.devices, 4),
+                                      "oracles": [o.id for _, o in pending], "version": state.version})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

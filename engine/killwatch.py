@@ -1,0 +1,93 @@
+"""Kill lines, checked on every window of a running rung (DESIGN.md "Kill lines").
+
+In a kill line a bare metric is the value in the window just finished, `step` its last step, and the history
+functions reach back over every finished window of this run. A line with at = "save" that holds waits for the
+next save boundary before it kills ("kills wait for save boundaries").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prereg.rules import Expr, Scope, Undefined, compile_expr
+from prereg.schema import KillLine, Registration
+from prereg.workload import get_workload
+
+
+class KillEnv:
+    """The rule language's Env over one run's windows."""
+
+    def __init__(self, windows: list[dict[str, Any]]):
+        self.windows = windows
+
+    def metric(self, name: str) -> Any:
+        current = self.windows[-1]
+        if name not in current:
+            return Undefined(f"{name} is not in this window")
+        return current[name]
+
+    def step(self) -> Any:
+        return self.windows[-1]["step"]
+
+    def history(self, metric: str) -> list[tuple[int, float]]:
+        return [(w["step"], w[metric]) for w in self.windows if metric in w]
+
+    def read(self, name: str) -> Any:
+        return Undefined("reads are not visible to kill lines")
+
+    def rung_metric(self, rung: str, metric: str) -> Any:
+        return Undefined("rung summaries are not visible to kill lines")
+
+    def oracle_passed(self, ident: str) -> Any:
+        return Undefined("oracles are not visible to kill lines")
+
+    def all_oracles_passed(self) -> Any:
+        return Undefined("oracles are not visible to kill lines")
+
+    def killed(self, ident: str) -> Any:
+        return False
+
+    def dropped(self, item_id: str) -> Any:
+        return False
+
+
+def kill_scope(reg: Registration) -> Scope:
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    return Scope(
+        kind="kill",
+        rungs=frozenset(rung_ids),
+        metrics=frozenset(get_workload(reg.workload).metrics),
+        items=frozenset(i.id for i in reg.items),
+        oracles=frozenset(o.id for i in reg.items for o in i.oracles),
+        kills=frozenset([k.id for k in reg.kill] + rung_ids),
+    )
+
+
+@dataclass
+class KillWatch:
+    reg: Registration
+    rung: str  # the declared rung id (a primed rung C' is watched by C's lines)
+    lines: list[tuple[KillLine, Expr]] = field(default_factory=list)
+    pending: dict[str, int] = field(default_factory=dict)  # at="save" lines that held, waiting for a boundary
+
+    def __post_init__(self) -> None:
+        scope = kill_scope(self.reg)
+        self.lines = [(k, compile_expr(k.when, scope)) for k in self.reg.kill if not k.rungs or self.rung in k.rungs]
+
+    def check(self, windows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The kill that fires on the window just finished, or None."""
+        env = KillEnv(windows)
+        step = windows[-1]["step"]
+        save_every = self.reg.protocol.save_every
+        for line, expr in self.lines:
+            held = expr.evaluate(env) is True
+            if line.at == "save":
+                if held and line.id not in self.pending:
+                    self.pending[line.id] = step
+                if line.id in self.pending and save_every and step % save_every == 0:
+                    return {"kill": line.id, "step": step, "held_since": self.pending[line.id], "drops": list(line.drops),
+                            "reason": f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}"}
+            elif held:
+                return {"kill": line.id, "step": step, "drops": list(line.drops), "reason": f"`{line.when}` held at step {step}"}
+        return None

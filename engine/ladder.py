@@ -1,0 +1,305 @@
+"""`prereg run`: the oracle gate, then the ladder, behind every refusal DESIGN.md lists.
+
+Refuses: an unfrozen registration (3), a source file that changed since freeze (3), a profile this machine
+cannot honour (3), a ledger that fails verification (4), a second run of the same registration (3).
+Resumes: runs found without an end are recorded `interrupted` and their rungs re-run from scratch; finished
+rungs are never re-run; oracles with results are not re-run. Kill lines' contingencies drop items and the
+affected rungs re-run primed (C -> C'). The cost ceiling is projected before each rung.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from engine.runlock import RunLock
+from prereg.actions import check_source_unchanged
+from prereg.errors import InvalidInput, LedgerCorrupt, Refused
+from prereg.ledger import Ledger
+from prereg.plan import PlannedRung, plan_ladder, primed
+from prereg.schema import Registration
+from prereg.state import RegistrationState, RungRun, load_state, require_frozen
+from prereg.verdict import VerdictEnv, cost_summary, judge_until_pass, rung_views
+from prereg.workload import Profile, get_workload
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_profile(profile: Profile) -> None:
+    if profile.device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Refused(f"profile {profile.name} needs CUDA and this machine has none", fix="run it on a machine with the GPUs it names, or register a cpu-tiny variant")
+    if torch.cuda.device_count() < profile.gpus:
+        raise Refused(f"profile {profile.name} needs {profile.gpus} GPUs; this machine has {torch.cuda.device_count()}")
+
+
+def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
+    if file is not None:
+        return file
+    frozen = next(ledger.entries(reg_id=reg_id, kinds=("freeze",)))
+    path = Path("registrations") / frozen.data["source_file"]
+    if not path.exists():
+        path = REPO_ROOT / "registrations" / frozen.data["source_file"]
+    if not path.exists():
+        raise InvalidInput(f"the frozen file {frozen.data['source_file']} is not in ./registrations", fix="pass --file PATH")
+    return path
+
+
+def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
+    marked = []
+    for run in state.runs:
+        if run.status == "running" and not run.external:
+            last = ledger.entries(reg_id=state.reg_id, kinds=("window",), ref=run.run_id)
+            elapsed = 0.0
+            for window in last:
+                elapsed = window.data.get("elapsed_s", elapsed)
+            ledger.append("interrupted", state.reg_id, {"rung": run.rung, "reason": "found without an end; re-run from scratch",
+                                                         "totals": {"gpu_s": elapsed, "at_least": True}}, ref=run.run_id)
+            marked.append(run.run_id)
+    return marked
+
+
+def _done(planned: PlannedRung, runs: list[RungRun]) -> tuple[bool, str]:
+    """Whether a planned rung needs no (more) running, and the label its next run would carry."""
+    own = [r for r in runs if r.rung in (planned.id, primed(planned.id)) and not r.external and r.status != "interrupted"]
+    recorded = [r for r in runs if r.rung == planned.id and r.external and r.flagged is None and r.status == "finished"]
+    matching = [r for r in own if sorted(r.items) == sorted(planned.items)]
+    if recorded or any(r.status == "finished" for r in matching):
+        return True, planned.id
+    if any(r.status in ("killed", "over-ceiling") and r.ended_by and ("kill" in r.ended_by or "ceiling" in r.ended_by) for r in matching):
+        return True, planned.id  # ended by a kill line or the ceiling: final for these items
+    stale = [r for r in own if sorted(r.items) != sorted(planned.items)]
+    return False, primed(planned.id) if stale else planned.id
+
+
+def pending_rungs(reg: Registration, state: RegistrationState) -> list[tuple[PlannedRung, str]]:
+    out = []
+    for planned in plan_ladder(reg, set(state.dropped())):
+        if not planned.runs:
+            continue
+        done, label = _done(planned, state.runs)
+        if not done:
+            out.append((planned, label))
+    return out
+
+
+def until_pass_decided(reg: Registration, state: RegistrationState) -> str | None:
+    views = rung_views(reg, state)
+    passed, _, _ = judge_until_pass(state, views, VerdictEnv(reg, state, views, None, None))
+    return passed
+
+
+class Child:
+    """A gate or rung process; SIGTERM/SIGINT to the ladder are forwarded to it."""
+
+    def __init__(self, args: list[str]):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env, text=True)
+
+    def events(self):
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                yield json.loads(line)
+        self.process.wait()
+
+    def signal(self, number: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(number)
+
+
+class Ladder:
+    def __init__(self, ledger: Ledger, reg_id: str, *, budget_s: float | None, console):
+        self.ledger = ledger
+        self.reg_id = reg_id
+        self.budget_s = budget_s
+        self.console = console
+        self.started = time.monotonic()
+        self.child: Child | None = None
+        self.stopping: str | None = None
+
+    def say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+
+    def install_signals(self) -> None:
+        def forward(number, frame):
+            self.stopping = signal.Signals(number).name
+            if self.child is not None:
+                self.child.signal(number)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+
+    def budget_left(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
+
+    def run_child(self, args: list[str], *, describe: str, total: int | None = None) -> int:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.child = Child(args)
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                            TimeElapsedColumn(), console=self.console, disable=self.console is None, transient=False)
+        tasks: dict[str, Any] = {}
+        with progress:
+            for event in self.child.events():
+                left = self.budget_left()
+                if left is not None and left <= 0 and self.stopping is None:
+                    self.stopping = "budget"
+                    self.child.signal(signal.SIGUSR1)
+                if event["event"] == "oracle":
+                    mark = "[green]pass[/]" if event["passed"] else "[red]FAIL → dropped[/]"
+                    progress.console.print(f"  oracle {event['oracle']} ({event['item']}): {mark} · {event['reason']}")
+                elif event["event"] == "window":
+                    key = event["run"]
+                    if key not in tasks:
+                        tasks[key] = progress.add_task(f"  rung {event['rung']}", total=event["of"], note="")
+                    note = f"loss {event['loss']:.3f} · {event['s_per_step']:.3f} s/step" if event.get("loss") is not None else ""
+                    progress.update(tasks[key], completed=event["step"], note=note)
+        rc = self.child.process.returncode
+        self.child = None
+        return rc
+
+    def gate(self, reg: Registration, state: RegistrationState) -> None:
+        pending = [o.id for i in reg.items for o in i.oracles if o.id not in state.oracles]
+        if not pending:
+            return
+        self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
+        rc = self.run_child(["engine.gate", "--ledger", self.ledger.url, "--reg", self.reg_id], describe="gate")
+        if rc != 0:
+            raise RuntimeError(f"the oracle gate process exited with {rc}")
+
+    def print_plan(self, reg: Registration, state: RegistrationState) -> None:
+        if self.console is None:
+            return
+        from rich.table import Table
+
+        dropped = state.dropped()
+        table = Table("rung", "declared", "will run", "note", title="the plan that will run")
+        for planned in plan_ladder(reg, set(dropped)):
+            done, label = _done(planned, state.runs) if planned.runs else (False, planned.id)
+            note = planned.skip or ("done" if done else ("primed: re-run without dropped items" if label != planned.id else ""))
+            table.add_row(label, ", ".join(planned.declared) or "—", ", ".join(planned.items) or "—" if planned.runs else "not run", note)
+        self.console.print(table)
+        for item, why in dropped.items():
+            where = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']}"
+            self.console.print(f"  dropped {item} ({where}): {why['reason']}")
+
+    def ceiling_allows(self, reg: Registration, state: RegistrationState, remaining: int) -> tuple[bool, float | None]:
+        """Project the ladder's total before a rung; apply on_ceiling. Returns (start the rung?, in-rung deadline)."""
+        cost = cost_summary(reg, state)
+        spent, ceiling = cost["gpu_s"], cost["ceiling_gpu_s"]
+        finished = [r.totals["gpu_s"] for r in state.runs if not r.external and r.status == "finished" and "gpu_s" in r.totals]
+        estimate = statistics.mean(finished) if finished else None
+        projected = spent + (estimate * remaining if estimate is not None else 0.0)
+        mode = reg.cost.on_ceiling
+        if spent >= ceiling or projected > ceiling:
+            event = {"spent_gpu_s": spent, "projected_gpu_s": projected, "ceiling_gpu_s": ceiling, "on_ceiling": mode, "remaining_rungs": remaining}
+            if mode == "stop" or (mode == "finish-rung" and spent >= ceiling):
+                self.ledger.append("ceiling", self.reg_id, {**event, "action": "stopped before the next rung"})
+                self.say(f"[bold red]cost ceiling[/]: spent {spent:.1f} + projected → {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: stopping")
+                return False, None
+            action = "finishing one more rung" if mode == "finish-rung" else "continuing; the overrun is recorded"
+            self.ledger.append("ceiling", self.reg_id, {**event, "action": action})
+            self.say(f"[yellow]cost ceiling[/]: projected {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: {action}")
+        deadline = ceiling - spent if mode == "stop" else None
+        return True, deadline
+
+    def run(self, reg: Registration) -> dict[str, Any]:
+        self.install_signals()
+        state = load_state(self.ledger, self.reg_id, with_windows=False)
+        interrupted = mark_interrupted(self.ledger, state)
+        if interrupted:
+            self.say(f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end; their rungs re-run from scratch")
+        self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
+        state = load_state(self.ledger, self.reg_id, with_windows=False)
+        self.print_plan(reg, state)
+        stopped = None
+        while self.stopping is None:
+            state = load_state(self.ledger, self.reg_id, with_windows=False)
+            reg = state.registration()
+            if reg.protocol.kind == "until_pass" and until_pass_decided(reg, state):
+                break
+            pending = pending_rungs(reg, state)
+            if not pending:
+                break
+            batch = pending if reg.protocol.schedule == "interleaved" else pending[:1]
+            if reg.protocol.kind == "until_pass":
+                batch = pending[:1]  # until-pass ladders are ordered: a rung runs only if every earlier one failed
+            allowed, deadline = self.ceiling_allows(reg, state, len(pending))
+            if not allowed:
+                stopped = "ceiling"
+                break
+            left = self.budget_left()
+            estimate = [r.totals.get("wall_s") for r in state.runs if r.status == "finished" and r.totals.get("wall_s")]
+            if left is not None and estimate and statistics.mean(estimate) > left:
+                stopped = "budget"
+                self.say(f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume")
+                break
+            args = ["engine.rung", "--ledger", self.ledger.url, "--reg", self.reg_id]
+            for planned, label in batch:
+                args += ["--run", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
+            if deadline is not None:
+                args += ["--deadline-s", f"{deadline:.3f}"]
+            self.say(f"[bold]rung {', '.join(label for _, label in batch)}[/]" + (" (interleaved)" if len(batch) > 1 else "")
+                     + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
+            kills_before = len(state.kills)
+            self.run_child(args, describe="rung")
+            if self.stopping == "budget":
+                stopped = "budget"
+                break
+            state = load_state(self.ledger, self.reg_id, with_windows=False)
+            for kill in state.kills[kills_before:]:
+                drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
+                self.say(f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}")
+            if reg.cost.on_ceiling == "finish-rung" and cost_summary(reg, state)["gpu_s"] >= cost_summary(reg, state)["ceiling_gpu_s"]:
+                stopped = "ceiling"
+                break
+        if self.stopping and self.stopping != "budget":
+            stopped = f"signal {self.stopping}"
+        state = load_state(self.ledger, self.reg_id, with_windows=False)
+        reg = state.registration()
+        remaining = [label for _, label in pending_rungs(reg, state)]
+        if reg.protocol.kind == "until_pass" and until_pass_decided(reg, state):
+            remaining = []
+        seq, head = self.ledger.head()
+        cost = cost_summary(reg, state)
+        summary = {"id": self.reg_id, "complete": not remaining and stopped is None, "stopped": stopped, "remaining": remaining,
+                   "dropped": state.dropped(), "runs": [{"run": r.run_id, "rung": r.rung, "status": r.status, "windows": r.n_windows} for r in state.runs],
+                   "cost": cost, "head": head}
+        if remaining:
+            self.say(f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)} — `prereg run {self.reg_id}` resumes")
+        else:
+            self.say(f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})")
+        return summary
+
+
+def run_ladder(ledger: Ledger, reg_id: str, *, file: Path | None, dry_run: bool, budget_s: float | None, console) -> dict[str, Any]:
+    state = require_frozen(ledger, reg_id, with_windows=False)
+    check_source_unchanged(ledger, reg_id, registration_file(ledger, reg_id, file))
+    report = ledger.verify()
+    if not report.ok:
+        raise LedgerCorrupt(f"the ledger failed verification at entry {report.first_bad}: {report.reason}", first_bad=report.first_bad,
+                            fix="`prereg audit verify` names the entry; restore the ledger from its export before running")
+    reg = state.registration()
+    profile = get_workload(reg.workload).profiles[reg.profile]
+    check_profile(profile)
+    ladder = Ladder(ledger, reg_id, budget_s=budget_s, console=console)
+    if dry_run:
+        ladder.print_plan(reg, state)
+        return {"id": reg_id, "dry_run": True, "pending": [label for _, label in pending_rungs(reg, state)],
+                "oracles_pending": [o.id for i in reg.items for o in i.oracles if o.id not in state.oracles]}
+    with RunLock(ledger.url, reg_id):
+        return ladder.run(reg)
