@@ -14,17 +14,28 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from dataclasses import replace
+
 from prereg.errors import InvalidInput, Refused
+from prereg.rules import compile_expr
 from prereg.schema import Amendment
 
-ELEMENT_KEY = ("id", "n")
+def element_key(element: dict[str, Any]) -> str:
+    """How a path names a list element: its id, or an expectation's number and part ("3", "3a")."""
+    if "id" in element:
+        return str(element["id"])
+    return f"{element['n']}{element.get('part') or ''}"
+
+
+def _keyed(elements: list[Any]) -> bool:
+    return all(isinstance(e, dict) and ("id" in e or "n" in e) for e in elements)
 
 
 def _select(elements: list[Any], key: str, where: str) -> Any:
     for element in elements:
-        if isinstance(element, dict) and any(str(element.get(k)) == key for k in ELEMENT_KEY if k in element):
+        if isinstance(element, dict) and element_key(element) == key:
             return element
-    ids = [str(e.get("id", e.get("n"))) for e in elements if isinstance(e, dict)]
+    ids = [element_key(e) for e in elements if isinstance(e, dict)]
     raise InvalidInput(f"{where}: no element {key!r}; the list has {ids}")
 
 
@@ -86,9 +97,9 @@ def diff_paths(before: Any, after: Any, path: str = "") -> list[str]:
             else:
                 out.extend(diff_paths(before[key], after[key], sub))
         return out
-    if isinstance(before, list) and isinstance(after, list) and all(isinstance(e, dict) and ("id" in e or "n" in e) for e in before + after):
-        keyed_before = {str(e.get("id", e.get("n"))): e for e in before}
-        keyed_after = {str(e.get("id", e.get("n"))): e for e in after}
+    if isinstance(before, list) and isinstance(after, list) and _keyed(before + after):
+        keyed_before = {element_key(e): e for e in before}
+        keyed_after = {element_key(e): e for e in after}
         out = []
         for key in sorted(set(keyed_before) | set(keyed_after)):
             sub = f"{path}.{key}"
@@ -160,13 +171,49 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
             elif field in PROTOCOL_MEASUREMENT and measured.rungs_with_data:
                 raise InvalidInput(f"{path}: rungs have been measured under this protocol; changing it edits history", fix="register a variant with its own id")
             # pass_rule: honoured only for rungs measured after the amendment, so always admissible.
-        elif head in ("rules", "expectations") and measured.verdict_inputs_exist:
+        elif head in ("rules", "expectations") and rest and _judges_existing_data(after, head, rest[0], measured):
             post_hoc.append(path)
         elif head == "reads" and measured.verdict_inputs_exist and len(rest) == 1 and rest[0] in before.get("reads", {}):
             post_hoc.append(path)  # redefining a read after data; adding a new read decides nothing by itself
         elif head in ("cost", "question") and measured.any_run:
             post_hoc.append(path)
     return AmendmentReview(changed=tuple(changed), post_hoc=tuple(post_hoc))
+
+
+CONTEXT_FUNCTIONS = ("passed(", "all_oracles_passed(", "killed(", "dropped(")
+
+
+def _judges_existing_data(document: dict[str, Any], head: str, key: str, measured: MeasuredState) -> bool:
+    """Whether a (new or changed) rule or expectation reads something already measured: a rung with data
+    (directly or through reads; PASS means any rung), or oracle results and kills that exist. A prediction
+    declared before its rung's smoke (seed 003's F1 amendments) is not post-hoc; one written after is."""
+    from prereg.schema import Registration
+    from prereg.verdict import read_scope
+
+    reg = Registration.model_validate(document)
+    element = next((e for e in document.get(head, []) if element_key(e) == key), None)
+    if element is None:  # removed: removal of a rule or expectation after data is itself post-hoc
+        return measured.verdict_inputs_exist
+    texts = [element["when"]] if head == "rules" else [element["check"]]
+    if head == "rules":
+        texts += [entry["if"] for entry in element.get("land", []) if isinstance(entry, dict)]
+    scope = read_scope(reg)
+    rungs: set[str] = set()
+    pending = [compile_expr(text, replace(scope, kind=head)) for text in texts]
+    seen_reads: set[str] = set()
+    while pending:
+        expr = pending.pop()
+        rungs |= set(expr.rungs_used())
+        for name in expr.reads_used() - seen_reads:
+            seen_reads.add(name)
+            pending.append(compile_expr(reg.reads[name], scope))
+    if "PASS" in rungs and measured.rungs_with_data:
+        return True
+    if rungs & measured.rungs_with_data:
+        return True
+    all_texts = texts + [reg.reads[name] for name in seen_reads]
+    uses_context = any(fn in text for text in all_texts for fn in CONTEXT_FUNCTIONS)
+    return uses_context and (bool(measured.oracles_with_results) or measured.any_run)
 
 
 def refuse_post_hoc(review: AmendmentReview) -> None:

@@ -107,6 +107,8 @@ CONFIG_KEYS = {
         ConfigKey("camera_counts", list, "camera counts the sampler draws from, e.g. [1, 2]"),
         ConfigKey("max_crops", int, "high-resolution crops per image"),
         ConfigKey("lr", float, "decoder learning rate"),
+        # Seed 003's recipe sets two learning rates: --decoder-lr 1e-4 (`lr`) and --backbone-text-lr 2e-5.
+        ConfigKey("backbone_text_lr", float, "learning rate of the trunk's text decoder blocks"),
         ConfigKey("grad_clip", float, "gradient-norm clip"),
         ConfigKey("warmup", int, "learning-rate warm-up steps"),
         ConfigKey("truncate_layers", int, "mount only the first N decoder layers"),
