@@ -130,5 +130,5 @@ DECLARATION = WorkloadDeclaration(
     metrics=METRICS,
     profiles=PROFILES,
     config_keys=CONFIG_KEYS,
-    runner="engine.molmo2.workload:Molmo2Workload",
+    runner="engine.molmo2.workload:Molmo2Runner",
 )

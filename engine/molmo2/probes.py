@@ -1,0 +1,216 @@
+"""What the S-bundle's oracles ask the workload to measure (DESIGN.md "Names the Molmo2 workload declares").
+
+Every probe runs the baseline (HEAD) and the item on the same micro-batch from the same initial weights and
+seed, and returns observed values only; the frozen bounds judge them (oracles/judge.py). A probe that cannot
+run on this profile returns {"error": why}: the oracle fails with that reason, it is never skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.molmo2.ar import ar_forward, ar_loss_sums, ar_losses
+from engine.molmo2.switches import HEAD, Switches
+
+if TYPE_CHECKING:
+    from engine.molmo2.workload import Molmo2Runner
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), 1e-30)
+
+
+def cudnn_unavailable(runner: "Molmo2Runner") -> str | None:
+    """Why the P1 switch cannot take effect on this profile, or None when cuDNN attention runs the suffix shape."""
+    if runner.device.type != "cuda":
+        return f"cuDNN attention is a CUDA backend; profile {runner.profile.name} runs on the CPU, where P1 switches nothing"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    t = runner.config.text
+    q = torch.randn(1, t.num_heads, 8, t.head_dim, device=runner.device, dtype=torch.bfloat16)
+    kv = torch.randn(1, t.num_kv_heads, 24, t.head_dim, device=runner.device, dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 8, 24, device=runner.device, dtype=torch.bool)
+    try:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+    except RuntimeError as error:
+        return f"cuDNN attention refuses the suffix geometry here: {str(error).splitlines()[0]}"
+    return None
+
+
+def _switches(switch: str) -> Switches:
+    return Switches.from_names([switch])
+
+
+def _grad_digests(model: torch.nn.Module) -> dict[str, str]:
+    return {
+        name: hashlib.sha256(p.grad.detach().float().cpu().numpy().tobytes()).hexdigest()
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """One optimizer step, HEAD vs item: loss, gradient norm, and a hash of every parameter's gradient."""
+    if switch == "suffix_cudnn" and (why := cudnn_unavailable(runner)):
+        return {"error": why}
+    results = []
+    for switches in (HEAD, _switches(switch)):
+        trainer = runner.fresh(switches)
+        loss, grad_norm = trainer.step(runner.probe_step)
+        digests = _grad_digests(runner.model)
+        results.append((float(loss), float(grad_norm), digests))
+    (la, ga, da), (lb, gb, db) = results
+    names = sorted(da)
+    mismatched = [n for n in names if da[n] != db.get(n)]
+    return {
+        "loss_abs": abs(la - lb), "loss_rel": _rel(la, lb), "grad_norm_abs": abs(ga - gb), "grad_norm_rel": _rel(ga, gb),
+        "loss_a": la, "loss_b": lb, "grad_norm_a": ga, "grad_norm_b": gb,
+        "equal": len(names) - len(mismatched), "total": len(names), "first_mismatch": mismatched[0] if mismatched else None,
+        "finite": all(math.isfinite(v) for v in (la, lb, ga, gb)),
+    }
+
+
+def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """An N-step loss curve from the same init and data, HEAD vs item (this runs backward: the crash gate too)."""
+    if switch == "suffix_cudnn" and (why := cudnn_unavailable(runner)):
+        return {"error": why}
+    steps = int(oracle.get("steps") or 20)
+    curves = []
+    for switches in (HEAD, _switches(switch)):
+        trainer = runner.fresh(switches)
+        curves.append([float(trainer.step(step)[0]) for step in runner.steps_for(steps)])
+    a, b = curves
+    finite = all(math.isfinite(v) for v in a + b)
+    band = max(abs(a[i] - a[i - 1]) for i in range(1, len(a))) if len(a) > 1 else 0.0
+    first_bad = next((i + 1 for i, v in enumerate(b) if not math.isfinite(v)), None)
+    return {"curve_a": a, "curve_b": b, "max_abs_diff": max(abs(x - y) for x, y in zip(a, b)) if finite else float("nan"),
+            "band": band, "finite": finite, "first_bad_step": first_bad, "steps": steps}
+
+
+def decode_bytes(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """Greedy decode of a pinned small eval plan, bytes compared (P1 must not reach decode)."""
+    outputs = []
+    for switches in (HEAD, _switches(switch)):
+        runner.fresh(switches)
+        outputs.append(runner.decode_plan().cpu().numpy().astype("<i8").tobytes())
+    a, b = outputs
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    return {"equal": a == b, "first_difference": first, "bytes": len(a)}
+
+
+def planted_mismatch(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """A batch whose <im_patch> count disagrees with its image features must abort. Run in a child process: a
+    CUDA device-side assert poisons the process's context, and the gate must go on after it."""
+    command = [sys.executable, "-m", "engine.molmo2.planted", "--device", runner.device.type, "--switch", switch]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    tail = (result.stderr or result.stdout).strip().splitlines()
+    if result.returncode == 0:
+        return {"raised": False, "message": "the forward completed on a mismatched batch"}
+    message = next((line for line in reversed(tail) if "Error" in line or "assert" in line.lower()), tail[-1] if tail else "")
+    return {"raised": True, "message": message[:500], "returncode": result.returncode}
+
+
+def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """Embedding outputs on fixed batches with and without FAST (extension) ids, HEAD vs item, bitwise."""
+    chunk = runner.probe_step.chunks[0]
+    batches = {"prefix (no FAST ids)": chunk.prefix.input_ids, "suffix (FAST ids)": chunk.suffix.input_ids}
+    equal, names = 0, []
+    with torch.no_grad():
+        for name, ids in batches.items():
+            runner.model.switches = HEAD
+            a = runner.model.embed(ids)
+            runner.model.switches = _switches(switch)
+            b = runner.model.embed(ids)
+            if torch.equal(a, b):
+                equal += 1
+            else:
+                names.append(name)
+    runner.model.switches = HEAD
+    return {"equal": equal, "total": len(batches), "first_mismatch": names[0] if names else None}
+
+
+def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """Sum-form losses under the item vs HEAD's boolean-indexed sums, both over the same logits in fp64; and the
+    mean-form losses, which no switch may touch, compared bitwise."""
+    chunk = runner.probe_step.chunks[0]
+    runner.fresh(HEAD)
+    with torch.no_grad():
+        logits = ar_forward(runner.model, chunk).double()
+    reference = ar_loss_sums(logits, chunk.suffix, HEAD)
+    item = ar_loss_sums(logits, chunk.suffix, _switches(switch))
+    keys = ("loss_sum", "action_sum", "aux_sum")
+    sum_rel = max(_rel(float(reference[k]), float(item[k])) for k in keys)
+    sum_abs = max(abs(float(reference[k]) - float(item[k])) for k in keys)
+    mean_head = ar_losses(logits.float(), chunk.suffix)
+    runner.model.switches = _switches(switch)
+    mean_item = ar_losses(logits.float(), chunk.suffix)
+    runner.model.switches = HEAD
+    mean_keys = ("loss", "action_loss", "aux_loss")
+    mismatched = [k for k in mean_keys if not torch.equal(mean_head[k], mean_item[k])]
+    return {"sum_rel": sum_rel, "sum_abs": sum_abs, "mean_abs": max(abs(float(mean_head[k] - mean_item[k])) for k in mean_keys),
+            "equal": len(mean_keys) - len(mismatched), "total": len(mean_keys), "first_mismatch": mismatched[0] if mismatched else None}
+
+
+def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """A few logged windows under the item: both memory fields present, lifetime >= window, lifetime monotone."""
+    switches = _switches(switch)
+    trainer = runner.fresh(switches)
+    windows = [trainer.window(runner.steps_for(2), switches.windowed_vram_peak) for _ in range(3)]
+    required = ("vram_peak_gib", "vram_window_peak_gib")
+    missing = sorted({f for w in windows for f in required if f not in w})
+    violations = []
+    for index, window in enumerate(windows):
+        if all(f in window for f in required) and window["vram_peak_gib"] < window["vram_window_peak_gib"]:
+            violations.append(f"window {index}: lifetime {window['vram_peak_gib']} < window {window['vram_window_peak_gib']}")
+        if index and window.get("vram_peak_gib", 0) < windows[index - 1].get("vram_peak_gib", 0):
+            violations.append(f"window {index}: lifetime decreased")
+    return {"missing": missing, "violations": violations, "windows": [{f: w.get(f) for f in required} for w in windows]}
+
+
+def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    """A fixed micro-batch forward + backward, HEAD vs item: the logits, the loss and every parameter gradient,
+    bitwise. An autograd version-counter error (an in-place add on a tensor backward needs) surfaces here."""
+    from engine.molmo2.train import autocast
+
+    chunk = runner.probe_step.chunks[0]
+    captured = []
+    for switches in (HEAD, _switches(switch)):
+        runner.fresh(switches)
+        runner.model.train()
+        with autocast(runner.device):
+            logits = ar_forward(runner.model, chunk)
+        loss = ar_losses(logits.float(), chunk.suffix)["loss"]
+        loss.backward()
+        tensors = {"logits": logits.detach(), "loss": loss.detach()}
+        tensors.update({f"grad:{n}": p.grad.detach().clone() for n, p in runner.model.named_parameters() if p.grad is not None})
+        captured.append(tensors)
+    a, b = captured
+    names = sorted(set(a) | set(b))
+    mismatched = [n for n in names if n not in a or n not in b or not torch.equal(a[n], b[n])]
+    return {"equal": len(names) - len(mismatched), "total": len(names), "first_mismatch": mismatched[0] if mismatched else None}
+
+
+def memory_peak(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
+    trainer = runner.fresh(_switches(switch))
+    window = trainer.window(runner.steps_for(3), False)
+    return {"peak_gib": window["vram_peak_gib"]}
+
+
+PROBES = {
+    "one_step": one_step,
+    "loss_curve": loss_curve,
+    "decode_bytes": decode_bytes,
+    "planted_mismatch": planted_mismatch,
+    "embed_outputs": embed_outputs,
+    "loss_sums_fp64": loss_sums_fp64,
+    "window_schema": window_schema,
+    "fwd_bwd_outputs": fwd_bwd_outputs,
+    "memory_peak": memory_peak,
+}

@@ -1,0 +1,147 @@
+"""The AR training step of seed 003's recipe, and the window it reports.
+
+fp32 master weights; bf16 autocast on CUDA (fp32 on the CPU); AdamW (fused where available) over the AR
+trainables in two groups (decoder-side FAST/state modules at `lr`, the Qwen3 blocks and ln_f at
+`backbone_lr`); gradient clipping; the vision tower frozen (no gradients, no optimizer state). A step's batch
+arrives as `backward_chunks` chunks; each chunk's sum-form loss is divided by the whole step's count of
+loss-bearing tokens before its backward, so the accumulated gradient is the unchunked mean's gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.molmo2.ar import ar_forward, ar_loss_sums, set_ar_trainable
+from engine.molmo2.batch import IGNORE_INDEX, ARBatch
+from engine.molmo2.memory import MemoryMeter
+from engine.molmo2.model import Molmo2Model
+
+# Parameters trained at the decoder learning rate (seed 003: --decoder-lr); the rest of the trainables (the
+# text blocks and ln_f) take --backbone-text-lr.
+DECODER_SIDE = ("model.transformer.wte.fast_embed", "fast_head.", "state_proj.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch: int = 12
+    backward_chunks: int = 6
+    lr: float = 1e-4  # seed 003: --decoder-lr 1e-4
+    backbone_lr: float = 2e-5  # seed 003: --backbone-text-lr 2e-5
+    grad_clip: float = 100.0  # seed 003: --grad-clip 100
+    warmup: int = 0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.backward_chunks < 1 or self.batch % self.backward_chunks:
+            raise ValueError(f"batch = {self.batch} must split evenly into backward_chunks = {self.backward_chunks} chunks")
+        for name in ("lr", "backbone_lr", "grad_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} = {value} must be a finite number > 0")
+
+    @property
+    def chunk_size(self) -> int:
+        return self.batch // self.backward_chunks
+
+
+@dataclass(frozen=True)
+class Step:
+    """One prepared optimizer step: its chunks (on the device) and what the host knows about them already."""
+
+    chunks: tuple[ARBatch, ...]
+    loss_tokens: int  # loss-bearing tokens of the whole step (counted on the host, at collate time)
+    useful_tokens: int  # real (non-padding) prefix + suffix tokens
+
+
+def prepare_step(chunks: Sequence[ARBatch], device: torch.device) -> Step:
+    loss_tokens = sum(int((c.suffix.labels != IGNORE_INDEX).sum()) for c in chunks)
+    useful = sum(int(c.prefix.attention_mask.sum()) + int(c.suffix.attention_mask.sum()) for c in chunks)
+    return Step(tuple(c.to(device) for c in chunks), loss_tokens, useful)
+
+
+def make_optimizer(model: Molmo2Model, config: TrainConfig) -> torch.optim.Optimizer:
+    set_ar_trainable(model)
+    decoder, backbone = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decoder if name.startswith(DECODER_SIDE) else backbone).append(p)
+    fused = next(model.parameters()).device.type == "cuda"
+    groups = [{"params": decoder, "lr": config.lr}, {"params": backbone, "lr": config.backbone_lr}]
+    return torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=config.weight_decay, fused=fused)
+
+
+def autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    def __init__(self, model: Molmo2Model, config: TrainConfig, device: torch.device):
+        self.model = model
+        self.config = config
+        self.device = device
+        self.optimizer = make_optimizer(model, config)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.steps_done = 0
+        self.memory = MemoryMeter(device)
+
+    def _set_lr(self) -> None:
+        scale = min(1.0, (self.steps_done + 1) / self.config.warmup) if self.config.warmup else 1.0
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * scale
+
+    def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here)."""
+        self.model.train()
+        self._set_lr()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=self.device)
+        for chunk in step.chunks:
+            with autocast(self.device):
+                logits = ar_forward(self.model, chunk)
+            sums = ar_loss_sums(logits.float(), chunk.suffix, self.model.switches)
+            chunk_loss = sums["loss_sum"] / step.loss_tokens
+            chunk_loss.backward()
+            loss = loss + chunk_loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
+        self.optimizer.step()
+        self.steps_done += 1
+        return loss, grad_norm
+
+    def window(self, steps: Sequence[Step], windowed_memory: bool, should_stop: Callable[[], bool] = lambda: False) -> dict:
+        """Run the steps (stopping early if asked between steps) and report the window (DESIGN.md "Windows")."""
+        seconds, losses, norms, tokens = [], [], [], []
+        for step in steps:
+            synchronize(self.device)
+            start = time.perf_counter()
+            loss, grad_norm = self.step(step)
+            synchronize(self.device)  # device-synchronized step time
+            seconds.append(time.perf_counter() - start)
+            losses.append(float(loss))
+            norms.append(float(grad_norm))
+            tokens.append(step.useful_tokens)
+            if should_stop():
+                break
+        finite = all(math.isfinite(v) for v in losses + norms)
+        window = {
+            "steps": len(seconds),
+            "s_per_step": statistics.median(seconds),
+            "tokens_per_s": sum(tokens) / sum(seconds),
+            "loss": statistics.fmean(losses),
+            "grad_norm": statistics.fmean(norms),
+            "finite": finite,
+        }
+        window.update(self.memory.window_end(windowed_memory))
+        return window
