@@ -68,12 +68,19 @@ def kill_scope(reg: Registration) -> Scope:
 class KillWatch:
     reg: Registration
     rung: str  # the declared rung id (a primed rung C' is watched by C's lines)
+    items: tuple[str, ...] = ()  # what this run runs
     lines: list[tuple[KillLine, Expr]] = field(default_factory=list)
     pending: dict[str, int] = field(default_factory=dict)  # at="save" lines that held, waiting for a boundary
 
     def __post_init__(self) -> None:
         scope = kill_scope(self.reg)
-        self.lines = [(k, compile_expr(k.when, scope)) for k in self.reg.kill if not k.rungs or self.rung in k.rungs]
+        # A line whose contingency drops items suspects those items: it watches only runs that still carry one
+        # (seed 000's K-cudnn is about P1; C' re-benched without P1 is not its business).
+        self.lines = [
+            (k, compile_expr(k.when, scope))
+            for k in self.reg.kill
+            if (not k.rungs or self.rung in k.rungs) and (not k.drops or set(k.drops) & set(self.items))
+        ]
 
     def check(self, windows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The kill that fires on the window just finished, or None."""

@@ -159,7 +159,7 @@ class Ladder:
                 if left is not None and left <= 0 and self.stopping is None:
                     self.stopping = "budget"
                     self.child.signal(signal.SIGUSR1)
-                if event["event"] == "oracle":
+                if event["event"] == "oracle" and self.console is not None:
                     mark = "[green]pass[/]" if event["passed"] else "[red]FAIL → dropped[/]"
                     progress.console.print(f"  oracle {event['oracle']} ({event['item']}): {mark} · {event['reason']}")
                 elif event["event"] == "window":

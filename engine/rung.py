@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     status = {run["run"]: "finished" for run in runs}
     ended_by: dict[str, Any] = {}
     windows: dict[str, list[dict[str, Any]]] = {run["run"]: [] for run in runs}
-    watches = {run["run"]: KillWatch(reg, run["rung"]) for run in runs}
+    watches = {run["run"]: KillWatch(reg, run["rung"], run["items"]) for run in runs}
     load_s = 0.0
     rc = 0
     try:

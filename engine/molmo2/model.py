@@ -1,0 +1,311 @@
+"""The composed Molmo2 model: image features added at <im_patch> positions, the causal-OR-image-block mask,
+the decoder, and the heads (the hub's untied lm_head over the base vocabulary + our FAST rows).
+
+State-dict names: the hub's exact keys (`model.transformer.*`, `model.vision_backbone.*`, `lm_head.weight`) plus
+the AR extras in `AR_EXTRA_KEYS`. Three S-bundle sites of seed 000 live here and in text.py, each switched by
+`self.switches` (P3a the patch-count check, P3b the extension lookup, P4 the embedding clone); P1 is in ar.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.molmo2.config import Molmo2Config
+from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.text import HEAD_BACKENDS, KV, RMSNorm, TextModel, backends_context
+from engine.molmo2.vision import VisionBackbone
+
+# Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
+# projection (seeds 003/004). A hub checkpoint lacks them by design; our AR checkpoints carry them.
+AR_EXTRA_KEYS = ("model.transformer.wte.fast_embed", "fast_head.weight", "state_proj.weight", "state_proj.bias")
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """RoPE positions counting real tokens only, so a left-padded row sees the positions of its unpadded self
+    (what transformers' generate feeds: cumsum - 1; pads get 0). RoPE is relative, so this equals the hub's plain
+    arange up to rounding — and makes the result independent of how much padding a batch happens to need."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def prefix_attention_mask(attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, S, S] bool, True = may attend: (causal OR both q and k are image tokens) AND k is not padding.
+
+    The image block is the hub's (`token_type_ids_mask_function`): every image token of a row sees every other
+    image token of that row, later images included. A padding query sees only itself, so no row is empty."""
+    B, S = attention_mask.shape
+    device = attention_mask.device
+    causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+    image = mm_token_type_ids == 1
+    allowed = causal[None] | (image[:, :, None] & image[:, None, :])
+    allowed = allowed & attention_mask.bool()[:, None, :]
+    allowed = allowed | torch.eye(S, dtype=torch.bool, device=device)[None]
+    return allowed[:, None]
+
+
+def continuation_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, P + T] bool for T new tokens after P cached ones: cached keys where they are real, new keys
+    causally where they are real. The new tokens are text (no image block), RIGHT-padded, and each row has at
+    least one real cached token, so no query row is empty."""
+    B, T = attention_mask.shape
+    P = cache_key_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=attention_mask.device).tril()
+    cached = cache_key_mask.bool()[:, None, :].expand(B, T, P)
+    new = causal[None] & attention_mask.bool()[:, None, :]
+    return torch.cat([cached, new], dim=-1)[:, None]
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The K/V of every decoder layer over the positions seen so far (a prefix, then appended tokens)."""
+
+    layers: tuple[KV, ...]  # per layer: keys, values [B, kv_heads, L, head_dim]
+    key_mask: torch.Tensor  # [B, L] bool: False at padding
+    next_position: torch.Tensor  # [B] long: RoPE position of each row's next real token
+
+    @property
+    def length(self) -> int:
+        return int(self.key_mask.shape[1])
+
+    def appended(self, layers: list[KV], attention_mask: torch.Tensor) -> "KVCache":
+        return KVCache(
+            layers=tuple((torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
+                         for (k0, v0), (k1, v1) in zip(self.layers, layers, strict=True)),  # fmt: skip
+            key_mask=torch.cat([self.key_mask, attention_mask.bool()], dim=1),
+            next_position=self.next_position + attention_mask.long().sum(-1),
+        )
+
+
+class Molmo2Trunk(nn.Module):
+    """The hub's `model.` namespace."""
+
+    def __init__(self, config: Molmo2Config) -> None:
+        super().__init__()
+        self.transformer = TextModel(config)
+        self.vision_backbone = VisionBackbone(config)
+
+
+class Molmo2Model(nn.Module):
+    def __init__(self, config: Molmo2Config, switches: Switches = HEAD) -> None:
+        super().__init__()
+        self.config = config
+        self.switches = switches  # reassign to change rungs without reloading
+        t = config.text
+        self.model = Molmo2Trunk(config)
+        self.lm_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)  # untied; base vocabulary only
+        self.fast_head = nn.Linear(t.hidden_size, config.fast_vocab_size, bias=False)
+        self.state_proj = nn.Linear(config.state_dim, t.hidden_size)  # zero-initialised: the prompt starts undisturbed
+
+    @property
+    def transformer(self) -> TextModel:
+        return self.model.transformer
+
+    # ---- inputs -> embeddings ----
+    def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
+        return self.model.vision_backbone(pixel_values, image_token_pooling)
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        image_features: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        state_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.transformer.wte(input_ids, branchless=self.switches.branchless_extension_lookup)
+        if image_features is not None:
+            x = self._add_image_features(input_ids, x, image_features)
+        if state is not None:
+            # x is ours here (a fresh lookup or its clone), so the slot add can be in place.
+            rows = torch.arange(x.shape[0], device=x.device)
+            x.index_put_((rows, state_positions), self.state_proj(state).to(x.dtype), accumulate=True)
+        return x
+
+    def _add_image_features(self, input_ids: torch.Tensor, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """x[input_ids == <im_patch>] += features, in <im_patch> order — ADDED to the learned <im_patch> row, as
+        the hub and transformers do (vLLM's overwrite differs unless that row is ~0; reference §3.3)."""
+        B, S, H = x.shape
+        is_patch = (input_ids == self.config.image_patch_id).reshape(-1)
+        n = features.shape[0]
+        if self.switches.device_assert_patch_count:
+            # P3a: the same guard on the device; a mismatch aborts (on CPU it raises RuntimeError at once).
+            torch._assert_async(is_patch.sum() == n, "<im_patch> count != number of image features")
+        else:
+            found = int(is_patch.sum())  # HEAD: a host sync per encode (seed 000 P3a site)
+            if found != n:
+                raise ValueError(f"input_ids hold {found} <im_patch> tokens (id {self.config.image_patch_id}) "
+                                 f"but the images give {n} features; prompt and pooling indices disagree")  # fmt: skip
+        rows = torch.nonzero_static(is_patch, size=n).squeeze(1)  # size known on the host: no sync
+        flat = x.view(B * S, H)
+        if not self.switches.no_embed_clone:
+            flat = flat.clone()  # HEAD (seed 000 P4 site); P4 adds in place into the fresh lookup
+        flat.index_add_(0, rows, features.to(flat.dtype))
+        return flat.view(B, S, H)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Column j scores token id j over [0, fast_block_base + fast_vocab). The extension ids (image specials)
+        have no head row and can never be produced (reference §1): their columns are -inf."""
+        base = self.lm_head(hidden)
+        fast = self.fast_head(hidden)
+        gap = base.new_full((*hidden.shape[:-1], self.config.text.additional_vocab_size), float("-inf"))
+        return torch.cat([base, gap, fast], dim=-1)
+
+    # ---- decoder ----
+    def decoder(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past: KVCache | None = None,
+        last_layer_kv_only: bool = False,
+    ) -> tuple[torch.Tensor | None, list[KV]]:
+        """Runs the blocks (attention backends are the caller's `backends_context`). Returns the hidden states
+        before ln_f and each layer's K/V of x. With `last_layer_kv_only`, the last block only contributes its
+        K/V (a prefix's outputs are never read) and no hidden states are returned."""
+        rope = self.transformer.rope(positions)
+        blocks = self.transformer.blocks
+        layers: list[KV] = []
+        for index, block in enumerate(blocks):
+            if last_layer_kv_only and index == len(blocks) - 1:
+                layers.append(block.keys_values(x, rope))
+                return None, layers
+            x, kv = block(x, rope, mask, None if past is None else past.layers[index])
+            layers.append(kv)
+        return x, layers
+
+    def embed_multimodal(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        pixel_values: torch.Tensor | None = None,
+        image_token_pooling: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        state_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        features = None if pixel_values is None else self.image_features(pixel_values, image_token_pooling)
+        return self.embed(input_ids, features, state, state_positions)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_token_type_ids: torch.Tensor,
+        *,
+        pixel_values: torch.Tensor | None = None,
+        image_token_pooling: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        state_positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One sequence per row, all at once: logits [B, S, logits_width]."""
+        x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
+                                  state=state, state_positions=state_positions)  # fmt: skip
+        positions = positions_from_mask(attention_mask) if position_ids is None else position_ids
+        with backends_context(HEAD_BACKENDS):
+            hidden, _ = self.decoder(x, positions, prefix_attention_mask(attention_mask, mm_token_type_ids))
+        return self.logits(self.transformer.ln_f(hidden))
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_token_type_ids: torch.Tensor,
+        *,
+        pixel_values: torch.Tensor | None = None,
+        image_token_pooling: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        state_positions: torch.Tensor | None = None,
+        last_logits: bool = True,
+    ) -> tuple[KVCache, torch.Tensor | None]:
+        """Encodes a LEFT-padded prompt once and keeps its K/V. With `last_logits`, also returns the logits at
+        the last column ([B, logits_width]), the next-token scores of every row; without, the last layer only
+        computes its K/V."""
+        x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
+                                  state=state, state_positions=state_positions)  # fmt: skip
+        mask = prefix_attention_mask(attention_mask, mm_token_type_ids)
+        with backends_context(HEAD_BACKENDS):
+            hidden, layers = self.decoder(x, positions_from_mask(attention_mask), mask,
+                                          last_layer_kv_only=not last_logits)  # fmt: skip
+        cache = KVCache(tuple(layers), attention_mask.bool(), attention_mask.long().sum(-1))
+        if not last_logits:
+            return cache, None
+        return cache, self.logits(self.transformer.ln_f(hidden[:, -1]))
+
+    def extend(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """T new text tokens (RIGHT-padded) after the cached positions: their hidden states after ln_f
+        [B, T, hidden] and each layer's K/V of them. Attention backends are the caller's `backends_context`."""
+        x = self.embed(input_ids)
+        positions = cache.next_position[:, None] + positions_from_mask(attention_mask)
+        hidden, layers = self.decoder(x, positions, continuation_mask(cache.key_mask, attention_mask), past=cache)
+        return self.transformer.ln_f(hidden), layers
+
+
+@torch.no_grad()
+def generate(
+    model: Molmo2Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    *,
+    pixel_values: torch.Tensor | None = None,
+    image_token_pooling: torch.Tensor | None = None,
+    max_new_tokens: int,
+    stop_id: int | None = None,
+) -> torch.Tensor:
+    """Greedy continuation of LEFT-padded multimodal prompts: the prompt is encoded once, then one token per step
+    against its kept K/V. Returns [B, n] new token ids."""
+    if not bool(attention_mask[:, -1].all()):
+        raise ValueError("generate needs LEFT-padded prompts: every row's last column must be a real token")
+    cache, first = model.prefill(input_ids, attention_mask, mm_token_type_ids, pixel_values=pixel_values,
+                                 image_token_pooling=image_token_pooling)  # fmt: skip
+    return greedy_decode(model, cache, first, max_new_tokens, stop_id)
+
+
+@torch.no_grad()
+def greedy_decode(model: Molmo2Model, cache: KVCache, first_logits: torch.Tensor, max_new_tokens: int,
+                  stop_id: int | None = None) -> torch.Tensor:  # fmt: skip
+    """Greedy continuation from a cache whose next-token scores are `first_logits` [B, logits_width]. Decode
+    always uses HEAD's backend list (seed 000 P1: decode numerics are frozen). Returns [B, n] token ids, n <=
+    max_new_tokens; a row that emitted `stop_id` keeps emitting it, and decoding ends once every row has."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens = {max_new_tokens} is invalid; allowed: >= 1")
+    token = first_logits.argmax(-1)
+    out = [token]
+    done = token == stop_id if stop_id is not None else None
+    ones = torch.ones_like(token, dtype=torch.bool)[:, None]
+    with backends_context(HEAD_BACKENDS):
+        for _ in range(max_new_tokens - 1):
+            if done is not None and bool(done.all()):
+                break
+            hidden, layers = model.extend(token[:, None], ones, cache)
+            cache = cache.appended(layers, ones)
+            token = model.logits(hidden[:, -1]).argmax(-1)
+            if done is not None:
+                token = torch.where(done, stop_id, token)
+                done = done | (token == stop_id)
+            out.append(token)
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def init_weights(model: Molmo2Model, seed: int, only: tuple[str, ...] | None = None, std: float = 0.02) -> None:
+    """The hub's initialisation (normal(0, std) weights and embeddings, zero biases, unit norms), seeded and
+    device-agnostic; `state_proj` starts at zero. `only` restricts it to those parameter names (the AR extras
+    of a model loaded from a hub checkpoint)."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            if only is not None and full not in only:
+                continue
+            if isinstance(module, (RMSNorm, nn.LayerNorm)):
+                p.fill_(1.0) if name == "weight" else p.zero_()
+            elif module is model.state_proj or name == "bias":
+                p.zero_()
+            else:
+                if p.device not in generators:
+                    generators[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+                p.normal_(0.0, std, generator=generators[p.device])

@@ -1,0 +1,209 @@
+"""The engine end to end on the tiny workload, through the CLI: the oracle gate drops what fails, the ladder
+re-plans, kill lines fire with their contingencies, the ceiling stops a ladder, signals and SIGKILL leave a
+verifiable ledger that a second `prereg run` resumes, and refusals refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prereg.ledger import Ledger
+from prereg.state import load_state
+
+ROOT = Path(__file__).resolve().parent.parent
+MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
+
+pytestmark = pytest.mark.xdist_group("engine")  # these tests each start several torch processes: keep them on one worker
+
+
+def prereg(*args: str, ledger: Path, check: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args, "--ledger", str(ledger)], cwd=ROOT,
+                            capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"}, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def registration(tmp_path: Path, text: str = MICRO, name: str = "micro.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def frozen(tmp_path: Path, text: str = MICRO) -> tuple[Path, Path]:
+    path = registration(tmp_path, text)
+    ledger = tmp_path / "ledger.db"
+    prereg("freeze", str(path), ledger=ledger, check=True)
+    return path, ledger
+
+
+def run_json(reg_id: str, path: Path, ledger: Path) -> dict:
+    result = prereg("run", reg_id, "--file", str(path), "--json", ledger=ledger, check=True)
+    return json.loads(result.stdout)
+
+
+def state_of(ledger: Path, reg_id: str = "micro"):
+    store = Ledger.open(str(ledger), create=False)
+    try:
+        return load_state(store, reg_id), store.verify()
+    finally:
+        store.close()
+
+
+def test_tiny_ladder_end_to_end(tmp_path):
+    path, ledger = frozen(tmp_path)
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"], summary
+    assert "cuDNN" in summary["dropped"]["P1"]["reason"]  # cannot run on a CPU: a failure, never a skip
+    state, report = state_of(ledger)
+    assert report.ok
+    finished = {r.rung: r for r in state.runs if r.status == "finished"}
+    assert set(finished) == {"A", "C"}  # B tested only P1: not run
+    assert finished["C"].items == ("P2", "P4")
+    assert [len(r.windows) for r in finished.values()] == [3, 3]
+    assert all("vram_window_peak_gib" in w for w in finished["C"].windows)  # P2 rides rung C
+    assert all("vram_window_peak_gib" not in w for w in finished["A"].windows)
+    start = next(Ledger.open(str(ledger), create=False).entries(reg_id="micro", kinds=("run-start",))).data
+    for key in ("git", "python", "torch", "cuda", "cudnn", "gpu", "driver", "host", "profile", "seed"):
+        assert key in start["env"], key
+
+    # A second run re-runs nothing: finished rungs are never re-run, oracles with results are not re-run.
+    runs_before = len(state.runs)
+    again = run_json("micro", path, ledger)
+    assert again["complete"]
+    assert len(state_of(ledger)[0].runs) == runs_before
+
+    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    assert verdict["rule"] in ("faster", "not-faster")
+    assert verdict["reads"]["primary"] is not None
+    assert "primary" in verdict["intervals"]  # a bootstrap interval beside the value
+    assert verdict["dropped"]["P1"]["oracle"] == "P1a"
+    assert [e["result"] for e in verdict["expectations"]] == ["miss"]
+
+
+def test_kill_line_fires_and_its_contingency_reruns_the_rung_primed(tmp_path):
+    text = MICRO + '\n[[kill]]\nid = "K-test"\nwhen = "step >= 2"\nrungs = ["C"]\ndrops = ["P4"]\n'
+    path, ledger = frozen(tmp_path, text)
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"], summary
+    state, report = state_of(ledger)
+    assert report.ok
+    killed = [r for r in state.runs if r.rung == "C"]
+    assert len(killed) == 1 and killed[0].status == "killed" and killed[0].ended_by == {"kill": "K-test"}
+    assert len(killed[0].windows) == 1  # killed on its first window
+    primed = [r for r in state.runs if r.rung == "C'"]
+    assert len(primed) == 1 and primed[0].status == "finished" and primed[0].items == ("P2",)
+    assert state.dropped()["P4"]["cause"] == "kill"
+    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    rung_c = next(r for r in verdict["rungs"] if r["rung"] == "C")
+    assert rung_c["run"] == primed[0].run_id  # C is read from C'
+    assert "P4" in verdict["park"] or "P4" not in verdict["land"]
+
+
+def test_ceiling_stops_the_ladder(tmp_path):
+    text = MICRO.replace("ceiling_gpu_h = 0.5", "ceiling_gpu_h = 0.0003")  # ~1 s: the gate alone exceeds it
+    path, ledger = frozen(tmp_path, text)
+    summary = run_json("micro", path, ledger)
+    assert summary["stopped"] == "ceiling" and not summary["complete"]
+    state, report = state_of(ledger)
+    assert report.ok
+    assert not state.runs
+    assert state.ceilings and state.ceilings[0]["action"] == "stopped before the next rung"
+    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    assert costs["registrations"][0]["overrun"] is True  # the gate's overrun is shown, never hidden
+
+
+def test_edited_registration_is_refused(tmp_path):
+    path, ledger = frozen(tmp_path)
+    path.write_text(MICRO.replace("steps = 6", "steps = 8"))
+    before = ledger.read_bytes()
+    result = prereg("run", "micro", "--file", str(path), ledger=ledger)
+    assert result.returncode == 3, result.stderr
+    assert "changed since it was frozen" in result.stderr
+    assert ledger.read_bytes() == before
+
+
+def test_unfrozen_registration_is_refused(tmp_path):
+    path, ledger = frozen(tmp_path)
+    result = prereg("run", "not-frozen", ledger=ledger)
+    assert result.returncode == 3
+    assert "not frozen" in result.stderr
+
+
+def _start_run(path: Path, ledger: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "run", "micro", "--file", str(path), "--ledger", str(ledger), "--json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for(ledger: Path, kind: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ledger.exists():
+            store = Ledger.open(str(ledger), create=False)
+            try:
+                if store.count(reg_id="micro", kinds=(kind,)):
+                    return
+            finally:
+                store.close()
+        time.sleep(0.2)
+    raise AssertionError(f"no {kind} entry within {timeout} s")
+
+
+LONG = MICRO.replace("steps = 6", "steps = 60").replace('items = ["P1", "P2", "P4"]', 'items = ["P1", "P4"]')
+
+
+def test_sigterm_ends_the_rung_killed_and_a_second_run_is_refused_meanwhile(tmp_path):
+    path, ledger = frozen(tmp_path, LONG)
+    process = _start_run(path, ledger)
+    try:
+        _wait_for(ledger, "window")
+        second = prereg("run", "micro", "--file", str(path), ledger=ledger)
+        assert second.returncode == 3 and "already in progress" in second.stderr
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    state, report = state_of(ledger)
+    assert report.ok
+    (run,) = [r for r in state.runs if r.rung == "A"]
+    assert run.status == "killed" and run.ended_by == {"signal": "SIGTERM"}
+    assert run.windows and run.windows[-1]["step"] < 60  # a final (partial) window, then the end
+
+    summary = run_json("micro", path, ledger)  # resumes: the signalled rung runs again from scratch
+    assert summary["complete"]
+    state, report = state_of(ledger)
+    assert report.ok
+    finished = [r for r in state.runs if r.status == "finished"]
+    assert sorted(r.rung for r in finished) == ["A", "C"]
+    assert all(len(r.windows) == 30 for r in finished)  # exactly one full set of windows per rung
+
+
+def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
+    path, ledger = frozen(tmp_path, LONG)
+    process = _start_run(path, ledger)
+    try:
+        _wait_for(ledger, "window")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the ladder and its rung process, mid-window
+        process.wait(timeout=60)
+    state, report = state_of(ledger)
+    assert report.ok  # every append was all-or-nothing
+    assert [r.status for r in state.runs] == ["running"]
+
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"]
+    state, report = state_of(ledger)
+    assert report.ok
+    assert [r.status for r in state.runs if r.rung == "A"] == ["interrupted", "finished"]
+    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    rung_a = next(r for r in verdict["rungs"] if r["rung"] == "A")
+    assert rung_a["windows"] == 29  # the finished run's 30 windows less the discarded first; nothing partial merged
+    assert rung_a["run"] == [r for r in state.runs if r.rung == "A"][-1].run_id
