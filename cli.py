@@ -16,11 +16,35 @@ from typing import Any, Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from prereg.errors import InvalidInput, LedgerCorrupt, PreregError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Experiment governance: pre-register, freeze, run, decide, audit.")
+
+class JsonUsageErrors(TyperGroup):
+    """With --json, a usage error (a missing argument, an unknown option) is the one JSON object on stdout too:
+    click would print it to stderr and leave stdout empty, and a tool reading stdout would get nothing to parse."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        words = list(sys.argv[1:] if args is None else args)
+        if "--json" not in words:
+            return super().main(words, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(words, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as error:  # click's ClickException (typer vendors click)
+            print(json.dumps({"error": error.format_message(), "where": None, "fix": "see `prereg COMMAND --help`", "exit_code": error.exit_code}))
+            code = error.exit_code
+        # Non-standalone click returns an Exit's code (None after a normal return) instead of exiting.
+        code = code if isinstance(code, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+app = typer.Typer(cls=JsonUsageErrors, add_completion=False, no_args_is_help=True, help="Experiment governance: pre-register, freeze, run, decide, audit.")
 audit_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Questions about everything registered, run and decided.")
 app.add_typer(audit_app, name="audit")
 
@@ -29,7 +53,8 @@ LedgerOption = typer.Option(None, "--ledger", help="ledger path or postgresql://
 JsonOption = typer.Option(False, "--json", help="print one JSON object on stdout and nothing else")
 
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: an error names a file path and a field path that people copy; hard wrapping would break them.
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def ledger_url(option: str | None) -> str:
@@ -48,7 +73,7 @@ def verb(as_json: bool) -> Iterator[None]:
         if as_json:
             print(json.dumps(payload))
         else:
-            err.print(f"[bold red]error[/]: {error.render()}")
+            err.print(f"[bold red]error[/]: {esc(error.render())}")
         raise typer.Exit(error.exit_code) from None
     except typer.Exit:
         raise
@@ -56,7 +81,7 @@ def verb(as_json: bool) -> Iterator[None]:
         if as_json:
             print(json.dumps({"error": f"unexpected: {error!r}", "exit_code": 1}))
         else:
-            err.print(f"[bold red]unexpected error[/]: {error!r}")
+            err.print(f"[bold red]unexpected error[/]: {esc(repr(error))}")
             err.print(traceback.format_exc(), markup=False)
         raise typer.Exit(1) from None
 
@@ -73,6 +98,11 @@ def emit(as_json: bool, payload: dict[str, Any]) -> bool:
     return as_json
 
 
+def esc(value: Any) -> str:
+    """Text from documents, files and measurements, printed literally: rich would read `[rungs.ID]` as markup."""
+    return escape(str(value))
+
+
 def fmt(value: Any) -> str:
     if value is None:
         return "—"
@@ -87,8 +117,9 @@ def fmt(value: Any) -> str:
 
 
 @app.command()
-def check(file: Path, as_json: bool = JsonOption) -> None:
+def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate a registration and print the resolved plan; writes nothing."""
+    del ledger  # every verb takes --ledger (DESIGN.md); check reads no ledger, so scripts may pass it anyway
     from prereg.documents import document_hash, load_registration
 
     with verb(as_json):
@@ -104,11 +135,14 @@ def check(file: Path, as_json: bool = JsonOption) -> None:
 @app.command()
 def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate and freeze a registration; prints id, document hash, ledger head."""
-    from prereg.actions import freeze as do_freeze
+    from prereg.actions import freeze_registration
+    from prereg.documents import load_registration
 
     with verb(as_json):
-        store = open_ledger(ledger, create=True)
-        result = do_freeze(store, file)
+        # Validate before the ledger is opened: a bad file must not even create an empty ledger (exit 2 writes nothing).
+        reg, raw = load_registration(file)
+        with open_ledger(ledger, create=True) as store:
+            result = freeze_registration(store, reg, raw, file)
         payload = {"id": result.reg_id, "doc_hash": result.doc_hash, "head": result.head, "seq": result.seq, "already_frozen": result.already}
         if emit(as_json, payload):
             return
@@ -122,16 +156,15 @@ def amend(reg_id: str, file: Path, post_hoc: bool = typer.Option(False, "--post-
     """Append an amendment to a frozen registration."""
     from prereg.actions import amend as do_amend
 
-    with verb(as_json):
-        store = open_ledger(ledger)
+    with verb(as_json), open_ledger(ledger) as store:
         entry, flagged = do_amend(store, reg_id, file, post_hoc=post_hoc)
         payload = {"id": reg_id, "version": entry.data["version"], "doc_hash": entry.data["doc_hash"], "changed": entry.data["changed"],
                    "post_hoc": list(flagged), "seq": entry.seq, "head": entry.head}
         if emit(as_json, payload):
             return
-        out.print(f"{reg_id} amendment {payload['version']} · changed {', '.join(payload['changed'])} · entry {entry.seq} · head {entry.head[:16]}")
+        out.print(f"{esc(reg_id)} amendment {payload['version']} · changed {esc(', '.join(payload['changed']))} · entry {entry.seq} · head {entry.head[:16]}")
         if flagged:
-            out.print(f"[bold yellow]POST-HOC[/]: {', '.join(flagged)} — printed on every verdict, report and audit line that depends on it")
+            out.print(f"[bold yellow]POST-HOC[/]: {esc(', '.join(flagged))} — printed on every verdict, report and audit line that depends on it")
 
 
 @app.command()
@@ -139,8 +172,7 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
     """Enter measurements made outside the engine (marked external, judged by the same rules)."""
     from prereg.actions import record as do_record
 
-    with verb(as_json):
-        store = open_ledger(ledger)
+    with verb(as_json), open_ledger(ledger) as store:
         entries = do_record(store, reg_id, file)
         oracles = [e.data for e in entries if e.kind == "oracle"]
         rungs = next(e.data["rungs"] for e in entries if e.kind == "record")
@@ -151,10 +183,10 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
             return
         for o in oracles:
             mark = "[green]pass[/]" if o["passed"] else "[red]FAIL → item dropped[/]"
-            out.print(f"oracle {o['oracle']} ({o['item']}): {mark} · {o['reason']}")
+            out.print(f"oracle {esc(o['oracle'])} ({esc(o['item'])}): {mark} · {esc(o['reason'])}")
         for rung_id, rung in rungs.items():
-            flag = f" · [yellow]flagged, kept out of every read[/]: {rung['flagged']}" if rung["flagged"] else ""
-            out.print(f"rung {rung_id}: {rung['status']}{flag}")
+            flag = f" · [yellow]flagged, kept out of every read[/]: {esc(rung['flagged'])}" if rung["flagged"] else ""
+            out.print(f"rung {esc(rung_id)}: {rung['status']}{flag}")
         out.print(f"recorded · entry {entries[-1].seq} · head {entries[-1].head[:16]}")
 
 
@@ -167,8 +199,8 @@ def run(reg_id: str, dry_run: bool = typer.Option(False, "--dry-run", help="chec
     with verb(as_json):
         from engine.ladder import run_ladder
 
-        store = open_ledger(ledger)
-        summary = run_ladder(store, reg_id, file=file, dry_run=dry_run, budget_s=budget_s, console=None if as_json else out)
+        with open_ledger(ledger) as store:
+            summary = run_ladder(store, reg_id, file=file, dry_run=dry_run, budget_s=budget_s, console=None if as_json else out)
         emit(as_json, summary)
 
 
@@ -177,8 +209,7 @@ def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption)
     """Apply the frozen rules to what was measured; record and print the verdict."""
     from prereg.verdict import record_verdict
 
-    with verb(as_json):
-        store = open_ledger(ledger)
+    with verb(as_json), open_ledger(ledger) as store:
         result, appended = record_verdict(store, reg_id)
         seq, head = store.head()
         if emit(as_json, {**result, "recorded": appended, "head": head}):
@@ -194,12 +225,12 @@ def report(reg_id: str, out_dir: Path = typer.Option(None, "--out", help="direct
     with verb(as_json):
         from engine.report import write_report
 
-        store = open_ledger(ledger)
-        paths = write_report(store, reg_id, out_dir or Path("reports") / reg_id)
+        with open_ledger(ledger) as store:
+            paths = write_report(store, reg_id, out_dir or Path("reports") / reg_id)
         if emit(as_json, {"id": reg_id, "files": [str(p) for p in paths]}):
             return
         for path in paths:
-            out.print(str(path))
+            out.print(esc(path))
 
 
 # --- audit ----------------------------------------------------------------------------------------------------
@@ -210,14 +241,14 @@ def audit_list(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Every registration: status, versions, outcome."""
     from prereg.audit import audit_list as query
 
-    with verb(as_json):
-        rows = query(open_ledger(ledger))
+    with verb(as_json), open_ledger(ledger) as store:
+        rows = query(store)
         if emit(as_json, {"registrations": rows}):
             return
         table = Table("id", "status", "versions", "outcome", "profile", "frozen", title="registrations")
         for row in rows:
-            outcome = fmt(row["outcome"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
-            table.add_row(row["id"], row["status"], str(row["versions"]), outcome, row["profile"], row["frozen"][:19])
+            outcome = esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
+            table.add_row(esc(row["id"]), row["status"], str(row["versions"]), outcome, esc(row["profile"]), row["frozen"][:19])
         out.print(table)
 
 
@@ -226,35 +257,34 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
     """One registration's whole history."""
     from prereg.audit import audit_show as query
 
-    with verb(as_json):
-        store = open_ledger(ledger)
+    with verb(as_json), open_ledger(ledger) as store:
         shown = query(store, reg_id)
         if emit(as_json, shown):
             return
-        out.print(f"[bold]{shown['id']}[/] — {shown['title']}  ({shown['status']}, profile {shown['profile']})")
+        out.print(f"[bold]{esc(shown['id'])}[/] — {esc(shown['title'])}  ({shown['status']}, profile {esc(shown['profile'])})")
         versions = Table("v", "entry", "time", "document", "reason", title="versions")
         for v in shown["versions"]:
-            reason = (v["reason"] or "frozen") + (f" [bold yellow]POST-HOC {', '.join(v['post_hoc'])}[/]" if v["post_hoc"] else "")
+            reason = esc(v["reason"] or "frozen") + (f" [bold yellow]POST-HOC {esc(', '.join(v['post_hoc']))}[/]" if v["post_hoc"] else "")
             versions.add_row(str(v["version"]), str(v["seq"]), v["ts"][:19], v["doc_hash"][:12], reason)
         out.print(versions)
         if shown["oracles"]:
             oracles = Table("oracle", "item", "kind", "result", "observed vs bound", "source", title="oracles")
             for o in shown["oracles"]:
-                oracles.add_row(o["oracle"], o["item"], o["kind"], "[green]pass[/]" if o["passed"] else "[red]fail[/]", o["reason"],
+                oracles.add_row(esc(o["oracle"]), esc(o["item"]), o["kind"], "[green]pass[/]" if o["passed"] else "[red]fail[/]", esc(o["reason"]),
                                 "external" if o["external"] else "engine")
             out.print(oracles)
         if shown["runs"]:
             runs = Table("rung", "run", "status", "windows", "items", "v", "note", title="runs")
             for r in shown["runs"]:
-                note = r["flagged"] and f"[yellow]flagged: {r['flagged']}[/]" or (r["kill"] and f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}") or (r["provenance"] or "")
-                runs.add_row(r["rung"], r["run"], r["status"], str(r["windows"]), ",".join(r["items"]) or "—", str(r["version"]), note)
+                note = r["flagged"] and f"[yellow]flagged: {esc(r['flagged'])}[/]" or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}")) or esc(r["provenance"] or "")
+                runs.add_row(esc(r["rung"]), esc(r["run"]), r["status"], str(r["windows"]), esc(",".join(r["items"]) or "—"), str(r["version"]), note)
             out.print(runs)
         if shown["verdict"]:
             v = shown["verdict"]
             hits = " ".join(f"{e['n']}:{e['result']}" for e in v["expectations"])
-            out.print(f"verdict (entry {v['seq']}): [bold]{fmt(v['outcome'])}[/] by rule {fmt(v['rule'])} · land {v['land'] or '—'} · park {v['park'] or '—'} · expectations {hits or '—'}")
+            out.print(f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))} · land {esc(v['land'] or '—')} · park {esc(v['park'] or '—')} · expectations {hits or '—'}")
         if shown["post_hoc"]:
-            out.print(f"[bold yellow]POST-HOC[/]: {'; '.join(shown['post_hoc'])}")
+            out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")
         seq, head = store.head()
         out.print(f"ledger head {head[:16]} (entry {seq})")
 
@@ -263,15 +293,14 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
 def audit_verify(published_head: str = typer.Option(None, "--head", help="a head published earlier; truncation past it is caught"),
                  ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Recompute the hash chain; name the first bad entry. Exit 4 when it fails."""
-    with verb(as_json):
-        store = open_ledger(ledger)
+    with verb(as_json), open_ledger(ledger) as store:
         report = store.verify(published_head=published_head)
         payload = {"ok": report.ok, "entries": report.entries, "head": report.head, "first_bad": report.first_bad, "reason": report.reason}
         if not emit(as_json, payload):
             if report.ok:
                 out.print(f"[green]ok[/] · {report.entries} entries · head {report.head}")
             else:
-                err.print(f"[bold red]ledger failed verification[/] at entry {report.first_bad}: {report.reason}")
+                err.print(f"[bold red]ledger failed verification[/] at entry {report.first_bad}: {esc(report.reason)}")
         if not report.ok:
             raise typer.Exit(LedgerCorrupt.exit_code)
 
@@ -281,14 +310,14 @@ def audit_costs(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """GPU-seconds per registration against its ceiling; overruns are shown, never hidden."""
     from prereg.audit import audit_costs as query
 
-    with verb(as_json):
-        rows = query(open_ledger(ledger))
+    with verb(as_json), open_ledger(ledger) as store:
+        rows = query(store)
         if emit(as_json, {"registrations": rows}):
             return
-        table = Table("id", "GPU-s", "ceiling GPU-s", "load", "oracle", "steps", "overrun", title="costs")
+        table = Table("id", "GPU-s", "ceiling GPU-s", "load", "oracle", "steps", "external", "overrun", title="costs")
         for row in rows:
             split = row["split"]
-            table.add_row(row["id"], fmt(row["gpu_s"]), fmt(row["ceiling_gpu_s"]), fmt(split["load"]), fmt(split["oracle"]), fmt(split["steps"]),
+            table.add_row(esc(row["id"]), fmt(row["gpu_s"]), fmt(row["ceiling_gpu_s"]), fmt(split["load"]), fmt(split["oracle"]), fmt(split["steps"]), fmt(split["external"]),
                           "[red]OVERRUN[/]" if row["overrun"] else "no")
         out.print(table)
 
@@ -298,8 +327,8 @@ def audit_calibration(ledger: str = LedgerOption, as_json: bool = JsonOption) ->
     """Expectation hits per confidence level, and the Brier score."""
     from prereg.audit import audit_calibration as query
 
-    with verb(as_json):
-        result = query(open_ledger(ledger))
+    with verb(as_json), open_ledger(ledger) as store:
+        result = query(store)
         if emit(as_json, result):
             return
         table = Table("confidence", "p", "scored", "hits", "hit rate", "undefined", title="calibration")
@@ -312,14 +341,13 @@ def audit_calibration(ledger: str = LedgerOption, as_json: bool = JsonOption) ->
 @audit_app.command("export")
 def audit_export(out_file: Path = typer.Option(None, "--out", help="write JSONL here (default: stdout)"), ledger: str = LedgerOption) -> None:
     """Every entry as JSONL (first line: the ledger's name); `import` re-verifies it."""
-    with verb(False):
-        store = open_ledger(ledger)
+    with verb(False), open_ledger(ledger) as store:
         if out_file is None:
             store.export_jsonl(sys.stdout)
         else:
             with out_file.open("w", encoding="utf-8") as handle:
                 count = store.export_jsonl(handle)
-            err.print(f"{count} entries → {out_file}")
+            err.print(f"{count} entries → {esc(out_file)}")
 
 
 @audit_app.command("import")
@@ -329,9 +357,8 @@ def audit_import(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOpt
 
     with verb(as_json):
         url = ledger_url(ledger)
-        with file.open(encoding="utf-8") as handle:
-            store = Ledger.import_jsonl(handle, url)
-        seq, head = store.head()
+        with file.open(encoding="utf-8") as handle, Ledger.import_jsonl(handle, url) as store:
+            seq, head = store.head()
         if not emit(as_json, {"entries": seq, "head": head}):
             out.print(f"imported {seq} entries · head {head}")
 
@@ -340,74 +367,80 @@ def audit_import(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOpt
 
 
 def print_plan(reg) -> None:
-    out.print(f"[bold]{reg.id}[/] — {reg.title}")
-    out.print(f"workload {reg.workload} · profile {reg.profile} · {reg.protocol.kind}/{reg.protocol.schedule} · {reg.protocol.steps} steps, "
+    out.print(f"[bold]{esc(reg.id)}[/] — {esc(reg.title)}")
+    out.print(f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule} · {reg.protocol.steps} steps, "
               f"log every {reg.protocol.log_every}, discard {reg.protocol.discard_first} · ceiling {reg.cost.ceiling_gpu_h} GPU-h ({reg.cost.on_ceiling})")
     if reg.items:
         items = Table("item", "switch", "bitwise", "oracle", "kind", "probe", "bounds", title="items and their oracles")
         for item in reg.items:
             for index, oracle in enumerate(item.oracles):
                 bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in oracle.bounds.items()) or "—"
-                items.add_row(item.id if index == 0 else "", item.switch if index == 0 else "", fmt(item.bitwise) if index == 0 else "",
-                              oracle.id, oracle.kind, oracle.probe, bounds)
+                items.add_row(esc(item.id) if index == 0 else "", esc(item.switch) if index == 0 else "", fmt(item.bitwise) if index == 0 else "",
+                              esc(oracle.id), oracle.kind, esc(oracle.probe), esc(bounds))
         out.print(items)
     rungs = Table("rung", "items", "config", title="ladder")
     for rung in reg.protocol.rungs:
-        rungs.add_row(rung.id, ", ".join(rung.items) or "— (baseline)", json.dumps(reg.rung_config(rung.id)))
+        rungs.add_row(esc(rung.id), esc(", ".join(rung.items) or "— (baseline)"), esc(json.dumps(reg.rung_config(rung.id))))
     out.print(rungs)
     if reg.protocol.pass_rule:
-        out.print(f"pass rule: {reg.protocol.pass_rule}")
+        out.print(f"pass rule: {esc(reg.protocol.pass_rule)}")
     for name, text in reg.reads.items():
-        out.print(f"read {name} = {text}")
+        out.print(f"read {esc(name)} = {esc(text)}")
     for rule in reg.rules:
-        out.print(f"rule {rule.id}: when {rule.when} → {rule.outcome}")
+        out.print(f"rule {esc(rule.id)}: when {esc(rule.when)} → {esc(rule.outcome)}")
     for kill in reg.kill:
-        out.print(f"kill {kill.id} (at {kill.at}): {kill.when}" + (f" → drops {kill.drops}" if kill.drops else ""))
+        out.print(esc(f"kill {kill.id} (at {kill.at}): {kill.when}" + (f" → drops {kill.drops}" if kill.drops else "")))
 
 
 def print_verdict(v: dict[str, Any]) -> None:
-    out.print(f"[bold]{v['registration']}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})")
+    out.print(f"[bold]{esc(v['registration'])}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})")
     if v["post_hoc"]:
-        out.print(f"[bold yellow]POST-HOC[/]: {'; '.join(v['post_hoc'])}")
+        out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(v['post_hoc']))}")
     if v["dropped"]:
         dropped = Table("item", "cause", "observed vs bound", title="dropped items")
         for item, why in v["dropped"].items():
             cause = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']} on rung {why['rung']}"
-            dropped.add_row(item, cause, why["reason"])
+            dropped.add_row(esc(item), esc(cause), esc(why["reason"]))
         out.print(dropped)
-    rungs = Table("rung", "items", "status", "windows", "s/step (median [min–max])", "vram peak GiB", "note", title="rungs")
+    rungs = Table("rung", "items", "status", "windows", "s/step (median \\[min–max])", "vram peak GiB", "note", title="rungs")
     for r in v["rungs"]:
         spread = r["spread"].get("s_per_step")
         step = fmt(r["summary"].get("s_per_step")) + (f" [{spread[0]:.4g}–{spread[1]:.4g}]" if spread else "")
-        rungs.add_row(r["rung"], ", ".join(r["items"]) or "—", fmt(r["status"]), str(r["windows"]), step,
-                      fmt(r["summary"].get("vram_peak_gib")), r["why_undefined"] or ("external" if r["external"] else ""))
+        rungs.add_row(esc(r["rung"]), esc(", ".join(r["items"]) or "—"), fmt(r["status"]), str(r["windows"]), esc(step),
+                      fmt(r["summary"].get("vram_peak_gib")), esc(r["why_undefined"] or ("external" if r["external"] else "")))
     out.print(rungs)
     if v["until_pass"]:
         for rejected in v["until_pass"]["rejected"]:
-            out.print(f"rung {rejected['rung']} {rejected['result']}: {rejected['reason']}")
-        out.print(f"until-pass: [bold]{v['until_pass']['passed'] or 'none passed'}[/] — {v['until_pass']['reason']}")
+            out.print(esc(f"rung {rejected['rung']} {rejected['result']}: {rejected['reason']}"))
+        out.print(f"until-pass: [bold]{esc(v['until_pass']['passed'] or 'none passed')}[/] — {esc(v['until_pass']['reason'])}")
     if v["reads"]:
         reads = Table("read", "value", "95% interval", "undefined because", title="reads")
         for name, value in v["reads"].items():
             interval = v["intervals"].get(name)
-            reads.add_row(name, fmt(value), f"[{interval[0]:.4g}, {interval[1]:.4g}]" if interval else "—", v["undefined"].get(name, ""))
+            reads.add_row(esc(name), esc(fmt(value)), esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—", esc(v["undefined"].get(name, "")))
         out.print(reads)
     for trace in v["rules"]:
         state = "undefined: " + trace["undefined"] if trace["undefined"] else fmt(trace["value"])
-        out.print(f"rule {trace['rule']}: {trace['when']} → {state}")
+        out.print(esc(f"rule {trace['rule']}: {trace['when']} → {state}"))
     if v["rule"]:
-        out.print(f"[bold]outcome: {v['outcome']}[/] (rule {v['rule']}) · land {', '.join(v['land']) or '—'} · park {', '.join(v['park']) or '—'}")
+        out.print(f"[bold]outcome: {esc(v['outcome'])}[/] (rule {esc(v['rule'])}) · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}")
+        for entry in v["conditional_land"]:
+            state = "undefined: " + entry["undefined"] if entry["undefined"] else fmt(entry["value"])
+            landed = "lands" if entry["item"] in v["land"] else "parked"
+            out.print(esc(f"  {entry['item']} if {entry['if']} → {state}: {landed}"))
     else:
         out.print("[bold]outcome: none[/] — no rule fired")
     if v["expectations"]:
         exp = Table("n", "claim", "confidence", "result", title="expectations")
         for e in v["expectations"]:
             colour = {"hit": "green", "miss": "red"}.get(e["result"], "yellow")
-            exp.add_row(str(e["n"]) + (e.get("part") or ""), e["claim"], e["confidence"], f"[{colour}]{e['result']}[/]" + (f" ({e['why']})" if e["why"] else ""))
+            exp.add_row(str(e["n"]) + (e.get("part") or ""), esc(e["claim"]), e["confidence"], f"[{colour}]{e['result']}[/]" + (esc(f" ({e['why']})") if e["why"] else ""))
         out.print(exp)
     cost = v["cost"]
     overrun = " [red]OVERRUN[/]" if cost["overrun"] else ""
-    out.print(f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {cost['split']['load']:.1f}, oracle {cost['split']['oracle']:.1f}, steps {cost['split']['steps']:.1f}){overrun}")
+    split = cost["split"]
+    out.print(f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {split['load']:.1f}, oracle {split['oracle']:.1f}, "
+              f"steps {split['steps']:.1f}, external {split['external']:.1f}){overrun}")
 
 
 if __name__ == "__main__":

@@ -107,10 +107,44 @@ JUDGES: dict[str, Callable[[dict[str, Any], dict[str, float]], Judgement]] = {
 }
 
 
+# The names each kind reads from an observation (the table above): (required, optional). A tolerance oracle
+# requires one value per bound and may carry anything else its probe observes.
+OBSERVED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "bitwise": (frozenset({"equal", "total"}), frozenset({"first_mismatch"})),
+    "byte_match": (frozenset({"equal"}), frozenset({"first_difference"})),
+    "curve_overlay": (frozenset({"max_abs_diff", "finite"}), frozenset({"band"})),
+    "finite": (frozenset({"finite"}), frozenset({"first_bad_step"})),
+    "schema": (frozenset({"missing", "violations"}), frozenset()),
+    "raises": (frozenset({"raised"}), frozenset({"message"})),
+    "memory": (frozenset({"peak_gib"}), frozenset()),
+}
+PROBE_FAILED = "error"  # an observation that says the probe could not run: judged a failure, with its reason
+
+
+def observation_problem(kind: str, observed: dict[str, Any], bounds: dict[str, float], probe_observes: frozenset[str]) -> str | None:
+    """Why an observation entered by hand cannot be judged as written (a name the oracle does not read, or one it
+    needs and lacks), or None. A typo must be refused as bad input: judged, it would drop the item for good."""
+    if observed.get(PROBE_FAILED):
+        return None
+    if kind == "tolerance":
+        required, optional = frozenset(bounds), probe_observes
+    else:
+        required, optional = OBSERVED[kind]
+        if kind == "curve_overlay" and "max_abs_diff" not in bounds:
+            required = required | {"band"}  # without a bound, the baseline's own band is the limit
+    unknown = sorted(set(observed) - required - optional)
+    missing = sorted(required - set(observed))
+    if not unknown and not missing:
+        return None
+    problems = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+    expected = sorted(required) + [f"{name} (optional)" for name in sorted(optional - required)]
+    return f"{' and '.join(problems)}; a {kind} oracle reads {expected}, or {PROBE_FAILED} = \"why the probe could not run\""
+
+
 def judge(kind: str, observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
     if kind not in JUDGES:
         raise ValueError(f"unknown oracle kind {kind!r}; kinds are {sorted(JUDGES)}")
-    if observed.get("error"):
+    if observed.get(PROBE_FAILED):
         # The probe could not run (e.g. cuDNN on a CPU): a failure with that reason, never a skip.
-        return Judgement(False, f"probe could not run: {observed['error']}")
+        return Judgement(False, f"probe could not run: {observed[PROBE_FAILED]}")
     return JUDGES[kind](observed, bounds)

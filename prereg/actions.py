@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracles.judge import judge
+from oracles.judge import judge, observation_problem
 from prereg.amend import MeasuredState, apply_amendment, refuse_post_hoc, review_amendment
-from prereg.canonical import canonical_hash, file_hash
+from prereg.canonical import canonical_hash, encode_nonfinite, file_hash
 from prereg.documents import document_dict, document_hash, load_amendment, load_record, load_registration, validate
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
@@ -31,6 +31,11 @@ class FreezeResult:
 
 def freeze(ledger: Ledger, path: Path) -> FreezeResult:
     reg, raw = load_registration(path)
+    return freeze_registration(ledger, reg, raw, path)
+
+
+def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Path) -> FreezeResult:
+    """Freeze a registration already loaded (and so validated) from `path`, whose bytes are `raw`."""
     doc_hash = document_hash(reg)
     if reg.id in ledger.reg_ids():
         state = require_frozen(ledger, reg.id)
@@ -71,9 +76,15 @@ def measured_state(state: RegistrationState) -> MeasuredState:
 def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[Entry, tuple[str, ...]]:
     state = require_frozen(ledger, reg_id)
     amendment, raw = load_amendment(path)
-    new_document = apply_amendment(state.document, amendment)
-    new_reg = validate(Registration, new_document, where=str(path))
-    review = review_amendment(state.document, document_dict(new_reg), measured_state(state))
+    try:
+        new_document = apply_amendment(state.document, amendment)
+        new_reg = validate(Registration, new_document, where=str(path), fix=AMENDED_DOCUMENT_FIX)
+        review = review_amendment(state.document, document_dict(new_reg), measured_state(state))
+    except InvalidInput as error:
+        if error.where is not None:
+            raise
+        # The amendment's paths and the review name the field; the user needs the file too.
+        raise InvalidInput(error.message, where=str(path), fix=error.fix) from None
     if review.post_hoc and not post_hoc:
         refuse_post_hoc(review)
     entry = ledger.append(
@@ -94,6 +105,9 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
     return entry, review.post_hoc
 
 
+AMENDED_DOCUMENT_FIX = "correct the amendment: the document it produces must validate like a registration; nothing was written"
+
+
 def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     state = require_frozen(ledger, reg_id)
     reg = state.registration()
@@ -102,18 +116,36 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     owner = reg.oracle_owner()
     for oracle_id in rec.oracles:
         if oracle_id not in owner:
-            raise InvalidInput(f"oracles.{oracle_id}: not an oracle of {reg_id}; oracles are {sorted(owner)}", where=where)
+            raise InvalidInput(f"oracles.{oracle_id}: not an oracle of {reg_id}; oracles are {sorted(owner)}", where=where,
+                               fix="name each [oracles.ID] table by an oracle id of the registration; nothing was written")
+    probes = get_workload(reg.workload).probes
+    for oracle_id, observed in rec.oracles.items():
+        oracle = next(o for o in reg.item(owner[oracle_id]).oracles if o.id == oracle_id)
+        problem = observation_problem(oracle.kind, dict(observed), oracle.bounds, probes[oracle.probe].observes)
+        if problem:
+            raise InvalidInput(f"oracles.{oracle_id}: {problem}", where=where,
+                               fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written")
     check_record_rungs(reg, list(rec.rungs), where)
     metrics = get_workload(reg.workload).metrics
     item_ids = [i.id for i in reg.items]
     for rung_id, rung in rec.rungs.items():
         for item in rung.items:
             if item not in item_ids:
-                raise InvalidInput(f"rungs.{rung_id}.items: {item!r} is not an item; items are {item_ids}", where=where)
+                raise InvalidInput(f"rungs.{rung_id}.items: {item!r} is not an item; items are {item_ids}", where=where,
+                                   fix="list the items the rung ran with, by the registration's item ids; nothing was written")
         names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"}
         unknown = sorted(names - set(metrics))
         if unknown:
-            raise InvalidInput(f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}", where=where)
+            raise InvalidInput(f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}", where=where,
+                               fix="name metrics as the workload's catalogue does; nothing was written")
+
+    # The input is valid (every exit-2 check is above); now the governance rule, exit 3.
+    observed_before = sorted(set(rec.oracles) & set(state.oracles))
+    if observed_before:
+        raise Refused(
+            f"oracles {observed_before} already have results: a parity result stands, and re-observing it until it passes would re-tolerance it",
+            where=where, fix="remove those [oracles.ID] tables; an item whose oracle failed stays dropped",
+        )
 
     batch: list[tuple[str, str | None, dict[str, Any], str | None]] = []
     dropped = set(state.dropped())
@@ -124,7 +156,7 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
         if not verdict.passed:
             dropped.add(item.id)
         batch.append(("oracle", reg_id, {
-            "oracle": oracle_id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": dict(observed),
+            "oracle": oracle_id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": encode_nonfinite(dict(observed)),
             "bounds": oracle.bounds, "passed": verdict.passed, "reason": verdict.reason, "version": state.version,
             "external": True, "provenance": rec.provenance,
         }, None))
@@ -144,7 +176,10 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
             if missing:
                 parts.append(f"lacked {missing}")
             flagged = "; ".join(parts)
-        rungs[rung_id] = {**rung.model_dump(mode="json", exclude_none=True), "flagged": flagged}
+        measured = rung.model_dump(exclude_none=True)
+        measured["metrics"] = encode_nonfinite(measured["metrics"])
+        measured["windows"] = [encode_nonfinite(w) for w in measured["windows"]]
+        rungs[rung_id] = {**measured, "flagged": flagged}
     batch.append(("record", reg_id, {
         "provenance": rec.provenance, "source_file": path.name, "source_hash": file_hash(raw),
         "version": state.version, "rungs": rungs, "oracles": sorted(rec.oracles),
@@ -167,4 +202,4 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
         )
 
 
-__all__ = ["freeze", "amend", "record", "check_source_unchanged", "FreezeResult", "canonical_hash"]
+__all__ = ["freeze", "freeze_registration", "amend", "record", "check_source_unchanged", "FreezeResult", "canonical_hash"]

@@ -36,7 +36,7 @@ def _select(elements: list[Any], key: str, where: str) -> Any:
         if isinstance(element, dict) and element_key(element) == key:
             return element
     ids = [element_key(e) for e in elements if isinstance(e, dict)]
-    raise InvalidInput(f"{where}: no element {key!r}; the list has {ids}")
+    raise InvalidInput(f"{where}: no element {key!r}; the list has {ids}", fix="name an existing element by its id (or n); append new ones with [[add.…]]")
 
 
 def _add(target: Any, change: Any, where: str) -> None:
@@ -66,7 +66,7 @@ def _set(target: Any, change: dict[str, Any], where: str) -> None:
         if isinstance(target, list):
             element = _select(target, key, path)
             if not isinstance(value, dict):
-                raise InvalidInput(f"{path}: set on a list element needs a table of its fields")
+                raise InvalidInput(f"{path}: set on a list element needs a table of its fields", fix=f"write [set.{path}] with the fields to replace")
             _set(element, value, path)
             continue
         if not isinstance(target, dict) or key not in target:
@@ -156,6 +156,11 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
         if head == "items" and rest:
             item_id = rest[0]
             if item_id in measured.items_with_results:
+                removed_item = len(rest) == 1 and not _has_item(after, item_id)
+                removed_oracle = len(rest) == 3 and rest[1] == "oracles" and rest[2] in measured.oracles_with_results and not _has_oracle(after, item_id, rest[2])
+                if removed_item or removed_oracle:
+                    # Removing what has a result would hide it (a failed oracle, a dropped item) from every verdict.
+                    raise InvalidInput(f"{path}: {item_id} has oracle results; removing it edits history", fix="items and oracles with results stay; park the item with a rule instead")
                 if len(rest) >= 2 and rest[1] == "switch":
                     raise InvalidInput(f"{path}: item {item_id} has oracle results; changing what it switches edits history", fix="add a new item instead")
                 if len(rest) >= 3 and rest[1] == "oracles" and rest[2] in measured.oracles_with_results:
@@ -214,6 +219,14 @@ def _judges_existing_data(document: dict[str, Any], head: str, key: str, measure
     all_texts = texts + [reg.reads[name] for name in seen_reads]
     uses_context = any(fn in text for text in all_texts for fn in CONTEXT_FUNCTIONS)
     return uses_context and (bool(measured.oracles_with_results) or measured.any_run)
+
+
+def _has_item(document: dict[str, Any], item_id: str) -> bool:
+    return any(item["id"] == item_id for item in document.get("items", []))
+
+
+def _has_oracle(document: dict[str, Any], item_id: str, oracle_id: str) -> bool:
+    return any(o["id"] == oracle_id for item in document.get("items", []) if item["id"] == item_id for o in item["oracles"])
 
 
 def refuse_post_hoc(review: AmendmentReview) -> None:

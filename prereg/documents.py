@@ -53,19 +53,21 @@ def _path_with_ids(data: Any, loc: tuple[Any, ...]) -> str:
 
 
 def _line_of(source: bytes, loc: tuple[Any, ...]) -> int | None:
-    """The first line that assigns the innermost named key of the path, when the file says it plainly."""
+    """The line that assigns the innermost named key of the path, when exactly one line does: a key assigned on
+    several lines (`id`, `items`) cannot be placed by its name alone, and a wrong line would mislead."""
     names = [k for k in loc if isinstance(k, str)]
     if not names:
         return None
     needle = names[-1]
+    found = []
     for number, line in enumerate(source.decode("utf-8", "replace").splitlines(), start=1):
         stripped = line.strip()
         if stripped.startswith(f"{needle} ") or stripped.startswith(f"{needle}=") or f" {needle} =" in stripped or f"{{ {needle} =" in stripped:
-            return number
-    return None
+            found.append(number)
+    return found[0] if len(found) == 1 else None
 
 
-def validate(model: type[M], data: dict[str, Any], *, where: str, source: bytes | None = None) -> M:
+def validate(model: type[M], data: dict[str, Any], *, where: str, source: bytes | None = None, fix: str | None = None) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -82,7 +84,7 @@ def validate(model: type[M], data: dict[str, Any], *, where: str, source: bytes 
         more = len(error.errors()) - 1
         if more:
             message += f" (and {more} more problem{'s' if more > 1 else ''})"
-        raise InvalidInput(message, where=location, fix=FIX.get(model)) from None
+        raise InvalidInput(message, where=location, fix=fix or FIX.get(model)) from None
 
 
 def load_registration(path: Path) -> tuple[Registration, bytes]:

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from prereg.rules import RuleError, Scope, compile_expr
 from prereg.workload import WorkloadDeclaration, get_workload
 
-ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.'-]*$"
+# No "." in ids: amendments and review name fields by dotted paths (items.P1.oracles.P1a.bounds), and an id with a
+# dot would make a path ambiguous, letting a change to something measured pass as a change to something else.
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_'-]*$"
 Ident = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
 
 OracleKind = Literal["tolerance", "bitwise", "byte_match", "curve_overlay", "finite", "schema", "raises", "memory"]
@@ -201,10 +203,10 @@ def _duplicates(values: list[str]) -> list[str]:
     return sorted({v for v in values if v in seen or seen.add(v)})
 
 
-def _check_unique(kind: str, ids: list[str]) -> None:
+def _check_unique(where: str, kind: str, ids: list[str]) -> None:
     duplicated = _duplicates(ids)
     if duplicated:
-        raise ValueError(f"duplicate {kind} id(s) {duplicated}: every {kind} id must be unique")
+        raise ValueError(f"{where}: duplicate {kind} id(s) {duplicated}: every {kind} id must be unique")
 
 
 def _check_config(where: str, config: dict[str, Any], workload: WorkloadDeclaration) -> None:
@@ -238,20 +240,20 @@ def resolve_references(reg: Registration) -> None:
     item_ids = [i.id for i in reg.items]
     oracle_ids = [o.id for i in reg.items for o in i.oracles]
     rung_ids = [r.id for r in reg.protocol.rungs]
-    _check_unique("item", item_ids)
-    _check_unique("oracle", oracle_ids)
-    _check_unique("rung", rung_ids)
-    _check_unique("rule", [r.id for r in reg.rules])
-    _check_unique("kill line", [k.id for k in reg.kill])
-    _check_unique("expectation", [f"{e.n}{e.part or ''}" for e in reg.expectations])
+    _check_unique("items", "item", item_ids)
+    _check_unique("items.*.oracles", "oracle", oracle_ids)
+    _check_unique("protocol.rungs", "rung", rung_ids)
+    _check_unique("rules", "rule", [r.id for r in reg.rules])
+    _check_unique("kill", "kill line", [k.id for k in reg.kill])
+    _check_unique("expectations", "expectation", [f"{e.n}{e.part or ''}" for e in reg.expectations])
     clash = set(item_ids) & set(oracle_ids)
     if clash:
-        raise ValueError(f"ids {sorted(clash)} name both an item and an oracle; passed(id) must be unambiguous")
+        raise ValueError(f"items: ids {sorted(clash)} name both an item and an oracle; passed(id) must be unambiguous")
     if "PASS" in rung_ids:
-        raise ValueError("rung id 'PASS' is reserved: it names the rung that passed an until_pass ladder")
+        raise ValueError("protocol.rungs: rung id 'PASS' is reserved: it names the rung that passed an until_pass ladder")
 
     switches_used = [i.switch for i in reg.items]
-    _check_unique("switch (one item per switch)", switches_used)
+    _check_unique("items.*.switch", "switch (one item per switch)", switches_used)
     for item in reg.items:
         if item.switch not in workload.switches:
             raise ValueError(f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has {sorted(workload.switches)}")
@@ -273,7 +275,7 @@ def resolve_references(reg: Registration) -> None:
         for item_id in rung.items:
             if item_id not in item_ids:
                 raise ValueError(f"protocol.rungs.{rung.id}.items: {item_id!r} is not an item; items are {item_ids}")
-        _check_unique(f"item in rung {rung.id}", rung.items)
+        _check_unique(f"protocol.rungs.{rung.id}.items", "item", rung.items)
 
     metrics = frozenset(workload.metrics)
     until_pass = reg.protocol.kind == "until_pass"

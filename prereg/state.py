@@ -13,6 +13,7 @@ Everything here is derived; the entries are the truth. Entry kinds and their `da
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,7 @@ class OracleResult:
 class RegistrationState:
     reg_id: str
     versions: list[Version]
-    oracles: dict[str, OracleResult]  # latest result per oracle
+    oracles: dict[str, OracleResult]  # the first (the standing) result per oracle
     runs: list[RungRun]
     kills: list[dict[str, Any]]
     verdicts: list[Entry]
@@ -138,15 +139,16 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
         if entry.kind in ("freeze", "amend"):
             versions.append(Version(entry.seq, len(versions), data["document"], data["doc_hash"], data.get("reason"), tuple(data.get("post_hoc", ())), entry.ts))
         elif entry.kind == "oracle":
-            oracles[data["oracle"]] = OracleResult(
+            # An oracle's first result is its result: a later observation never un-drops an item (never re-toleranced).
+            oracles.setdefault(data["oracle"], OracleResult(
                 data["oracle"], data["item"], data["kind"], data["observed"], data["bounds"], data["passed"], data["reason"], data["version"], data.get("external", False), entry.seq
-            )
+            ))
         elif entry.kind == "run-start":
             runs[entry.ref] = RungRun(entry.ref, data["rung"], tuple(data["items"]), data["version"], "running", False, entry.seq, primed_from=data.get("primed_from"))
         elif entry.kind == "run-end":
             run = runs[entry.ref]
             run.status = data["status"]
-            run.totals = data.get("totals", {})
+            run.totals = decode_nonfinite(data.get("totals", {}))
             run.ended_by = data.get("ended_by")
         elif entry.kind == "interrupted":
             runs[entry.ref].status = "interrupted"
@@ -163,7 +165,8 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
                 run_id = f"record-{entry.seq}-{rung_id}"
                 runs[run_id] = RungRun(
                     run_id, rung_id, tuple(rung["items"]), data["version"], rung["status"], True, entry.seq,
-                    windows=list(rung.get("windows", [])), totals=dict(rung.get("metrics", {})), flagged=rung.get("flagged"),
+                    windows=[decode_nonfinite(w) for w in rung.get("windows", [])], totals=decode_nonfinite(rung.get("metrics", {})),
+                    flagged=rung.get("flagged"),
                     provenance=data["provenance"], n_windows=len(rung.get("windows", [])),
                 )
         elif entry.kind == "verdict":
@@ -201,7 +204,9 @@ def summarize(run: RungRun, discard_first: int, workload_name: str) -> tuple[dic
     summary: dict[str, Any] = {}
     for name, values in samples.items():
         how = metrics[name].summary
-        if how == "median":
+        if any(isinstance(v, float) and math.isnan(v) for v in values):
+            summary[name] = math.nan  # a NaN window makes the summary NaN: a broken window cannot hide behind good ones
+        elif how == "median":
             summary[name] = statistics.median(values)
         elif how == "max":
             summary[name] = max(values)

@@ -53,7 +53,8 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
             views[planned.id] = RungView(planned.id, planned, None, {}, {}, f"rung {planned.id} was not run: {planned.skip}")
             continue
         acceptable = ("finished", "killed", "failed", "over-ceiling") if until_pass else ("finished",)
-        reading = [r for r in candidates if r.status in acceptable]
+        # A run measured with other items than the plan now has (a later drop) is stale: never read.
+        reading = [r for r in candidates if r.status in acceptable and sorted(r.items) == sorted(planned.items)]
         if reading:
             run = reading[-1]
             summary, samples = summarize(run, reg.protocol.discard_first, reg.workload)
@@ -63,6 +64,9 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
             last = candidates[-1]
             if last.kill:
                 why = f"rung {planned.id} was killed at step {last.kill.get('step')} by {last.kill.get('kill')}"
+            elif sorted(last.items) != sorted(planned.items):
+                why = (f"rung {planned.id} ran with items {list(last.items)}, but the plan now runs {list(planned.items)} "
+                       "(an item was dropped after it ran): it needs a re-run")
             else:
                 why = f"rung {planned.id} has no finished run (last: {last.status})"
         elif flagged:
@@ -123,22 +127,35 @@ class VerdictEnv:
     def oracle_passed(self, ident: str) -> Any:
         owner = self.reg.oracle_owner()
         oracle_ids = [ident] if ident in owner else [o.id for o in self.reg.item(ident).oracles]
-        results = []
-        for oracle_id in oracle_ids:
-            result = self.state.oracles.get(oracle_id)
-            if result is None:
-                return Undefined(f"oracle {oracle_id} has no result")
-            results.append(result.passed)
-        return all(results)
+        settled = self._all_passed(oracle_ids)
+        return Undefined(f"oracle {self._missing(oracle_ids)[0]} has no result") if settled is None else settled
 
     def all_oracles_passed(self) -> Any:
-        missing = [o.id for i in self.reg.items for o in i.oracles if o.id not in self.state.oracles]
-        if missing:
-            return Undefined(f"oracles {missing} have no result")
-        return all(self.state.oracles[o.id].passed for i in self.reg.items for o in i.oracles)
+        oracle_ids = [o.id for i in self.reg.items for o in i.oracles]
+        settled = self._all_passed(oracle_ids)
+        return Undefined(f"oracles {self._missing(oracle_ids)} have no result") if settled is None else settled
+
+    def _missing(self, oracle_ids: list[str]) -> list[str]:
+        return [o for o in oracle_ids if o not in self.state.oracles]
+
+    def _all_passed(self, oracle_ids: list[str]) -> bool | None:
+        """True or False when the results settle it, None while some have no result."""
+        # Three-valued like `and`: one failure settles it even while other oracles have no result yet.
+        if any(not self.state.oracles[o].passed for o in oracle_ids if o in self.state.oracles):
+            return False
+        return None if self._missing(oracle_ids) else True
 
     def killed(self, ident: str) -> Any:
-        return any(k["kill"] == ident or k["rung"] == ident for k in self.state.kills)
+        if any(k["kill"] == ident or k["rung"] == ident for k in self.state.kills):
+            return True
+        # "Not killed" is known only once every rung the line watches has run (or was planned out of the ladder).
+        kill_line = next((k for k in self.reg.kill if k.id == ident), None)
+        watched = [ident] if kill_line is None else kill_line.rungs or [r.id for r in self.reg.protocol.rungs]
+        ended = {r.rung for r in self.state.runs if r.status not in ("running", "interrupted")}
+        pending = [r for r in watched if r not in ended and primed(r) not in ended and not self.views[r].planned.skip]
+        if pending:
+            return Undefined(f"not known yet: rung(s) {pending} it watches have not run")
+        return False
 
     def dropped(self, item_id: str) -> Any:
         return item_id in self.dropped_items
@@ -301,7 +318,9 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
 
     rungs = []
     for rung_id, view in views.items():
-        spread = {m: [min(v), max(v)] for m, v in view.samples.items() if len(v) >= 2}
+        # The spread of the finite samples: a NaN window shows in the summary, and NaN has no place in a min/max.
+        finite_samples = {m: [x for x in v if math.isfinite(x)] for m, v in view.samples.items()}
+        spread = {m: [min(v), max(v)] for m, v in finite_samples.items() if len(v) >= 2}
         rungs.append({
             "rung": rung_id, "items": list(view.planned.items), "skip": view.planned.skip,
             "run": view.run.run_id if view.run else None, "status": view.run.status if view.run else None,
@@ -336,24 +355,25 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
 
 
 def cost_summary(reg: Registration, state: RegistrationState) -> dict[str, Any]:
-    gpu_s = {"load": 0.0, "oracle": 0.0, "steps": 0.0}
-    total = 0.0
+    """Device-seconds: every rung process from its start (model load included) to its end, times its devices;
+    the oracle gate's processes likewise. External (recorded) rungs count what they report."""
+    split = {"load": 0.0, "oracle": 0.0, "steps": 0.0, "external": 0.0}
     per_rung: dict[str, float] = {}
     for run in state.runs:
+        seconds = float(run.totals.get("gpu_s", 0.0))
         if run.external:
-            seconds = float(run.totals.get("gpu_s", 0.0))
+            split["external"] += seconds
         else:
-            seconds = float(run.totals.get("gpu_s", 0.0))
-            gpu_s["load"] += float(run.totals.get("load_gpu_s", 0.0))
-            gpu_s["steps"] += seconds - float(run.totals.get("load_gpu_s", 0.0))
+            load = float(run.totals.get("load_gpu_s", 0.0))
+            split["load"] += load
+            split["steps"] += seconds - load
         per_rung[run.rung] = per_rung.get(run.rung, 0.0) + seconds
-        total += seconds
-    oracle_s = float(sum(r.observed.get("gpu_s", 0.0) for r in state.oracles.values() if isinstance(r.observed.get("gpu_s", 0.0), (int, float))))
-    gpu_s["oracle"] = oracle_s
-    total += oracle_s
+    split["oracle"] = float(sum(g.get("gpu_s", 0.0) for g in state.gates))
+    total = sum(split.values())
     ceiling_s = reg.cost.ceiling_gpu_h * 3600
-    return {"gpu_s": round(total, 3), "ceiling_gpu_s": ceiling_s, "split": {k: round(v, 3) for k, v in gpu_s.items()},
-            "per_rung": {k: round(v, 3) for k, v in per_rung.items()}, "overrun": total > ceiling_s, "on_ceiling": reg.cost.on_ceiling}
+    return {"gpu_s": round(total, 3), "ceiling_gpu_s": ceiling_s, "split": {k: round(v, 3) for k, v in split.items()},
+            "per_rung": {k: round(v, 3) for k, v in per_rung.items()}, "overrun": total > ceiling_s, "on_ceiling": reg.cost.on_ceiling,
+            "ceiling_events": state.ceilings}
 
 
 def verdict_digest(verdict: dict[str, Any]) -> str:

@@ -150,8 +150,12 @@ class FastTokenizer:
             )
         return [e.ids for e in self._bpe.encode_batch(_strings(q - self.min_token))]
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> np.ndarray:
-        """BPE ids -> the chunk [T, D] (float64). FastDecodeError if the ids do not spell a (T, D) chunk."""
+    def decode(self, ids: list[int] | tuple[int, ...], *, partial: bool = False) -> np.ndarray:
+        """BPE ids -> the chunk [T, D] (float64). FastDecodeError if the ids do not spell a (T, D) chunk.
+
+        With `partial`, a wrong coefficient count is completed instead: coefficients are frequency-major, so a
+        short sequence lacks the highest frequencies (taken as 0) and a long one's excess is dropped. Callers
+        that use it (the evaluation probe) count such decodes; nothing is completed silently."""
         text = []
         for position, i in enumerate(ids):
             token = self._bpe.id_to_token(int(i)) if 0 <= int(i) < self.vocab_size else None
@@ -160,6 +164,8 @@ class FastTokenizer:
             text.append(token)
         values = np.fromiter((ord(c) - CHAR_BASE for c in "".join(text)), dtype=np.int64)
         expected = self.chunk_len * self.action_dim
+        if partial and values.size != expected:
+            values = np.concatenate([values, np.full(max(0, expected - values.size), -self.min_token)])[:expected]
         if values.size != expected:
             raise FastDecodeError(
                 f"FAST decode: {len(ids)} ids spell {values.size} coefficients; a ({self.chunk_len}, "

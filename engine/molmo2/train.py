@@ -102,19 +102,24 @@ class Trainer:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * scale
 
-    def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here)."""
+    def accumulate_gradients(self, step: Step) -> torch.Tensor:
+        """Forward and backward over the step's chunks; the gradients sum to those of the step's mean loss."""
         self.model.train()
-        self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = torch.zeros((), device=self.device)
+        loss = torch.zeros((), device=self.device, dtype=torch.float64 if self.model.lm_head.weight.dtype == torch.float64 else torch.float32)
         for chunk in step.chunks:
             with autocast(self.device):
                 logits = ar_forward(self.model, chunk)
-            sums = ar_loss_sums(logits.float(), chunk.suffix, self.model.switches)
+            sums = ar_loss_sums(logits.to(loss.dtype), chunk.suffix, self.model.switches)
             chunk_loss = sums["loss_sum"] / step.loss_tokens
             chunk_loss.backward()
             loss = loss + chunk_loss.detach()
+        return loss
+
+    def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here)."""
+        self._set_lr()
+        loss = self.accumulate_gradients(step)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
         self.optimizer.step()
         self.steps_done += 1

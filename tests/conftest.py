@@ -1,0 +1,222 @@
+"""Shared fixtures: a ledger in a temporary directory, the CLI run in-process, small registrations to break.
+
+Every CLI call goes through `Cli`, which passes `--ledger` explicitly where a test asks for it and otherwise
+points PREREG_LEDGER into the test's tmp directory, so no test can ever write the repository's ledger.db.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+REGISTRATIONS = REPO / "registrations"
+PERF_PASS1 = REGISTRATIONS / "molmo2-perf-pass1.toml"
+REPO_LEDGER = REPO / "ledger.db"
+# Rich wraps tables to the terminal width; a fixed width makes output (and the golden files) stable.
+CLI_COLUMNS = "120"
+
+
+class CliResult(NamedTuple):
+    """(exit_code, stdout, stderr) of one in-process `prereg` call."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict[str, Any]:
+        """The whole of stdout as ONE JSON object (fails the test if stdout holds anything else)."""
+        payload = json.loads(self.stdout)
+        assert isinstance(payload, dict), f"--json printed a {type(payload).__name__}, not an object: {self.stdout!r}"
+        return payload
+
+
+class Cli:
+    """`prereg` in-process. Click >= 8.2 keeps stderr apart from stdout (there is no mix_stderr switch any more)."""
+
+    def __init__(self, ledger: Path, tmp: Path):
+        self.ledger = ledger
+        self._runner = CliRunner()
+        # A forgotten --ledger lands here, in the test's tmp directory, never in the repository's ledger.db.
+        self._env = {"COLUMNS": CLI_COLUMNS, "NO_COLOR": "1", "PREREG_LEDGER": str(tmp / "unintended-default-ledger.db")}
+
+    def __call__(self, *args: str | Path) -> CliResult:
+        from cli import app  # here, not at the top: test files that never call the CLI do not import it
+
+        words = [str(a) for a in args]
+        assert all(Path(w).resolve() != REPO_LEDGER for w in words), "tests never touch the repository's ledger"
+        result = self._runner.invoke(app, words, env=self._env, catch_exceptions=False)
+        return CliResult(result.exit_code, result.stdout, result.stderr)
+
+    def on_ledger(self, *args: str | Path) -> CliResult:
+        """A verb run against this test's ledger (`--ledger` appended)."""
+        return self(*args, "--ledger", self.ledger)
+
+    def ok(self, *args: str | Path) -> CliResult:
+        """A verb on this test's ledger that must succeed; its output is shown when it does not."""
+        result = self.on_ledger(*args)
+        assert result.exit_code == 0, f"prereg {' '.join(map(str, args))} exited {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+        return result
+
+    def ok_json(self, *args: str | Path) -> dict[str, Any]:
+        return self.ok(*args, "--json").json()
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def cli(ledger_path: Path, tmp_path: Path) -> Cli:
+    return Cli(ledger_path, tmp_path)
+
+
+def ledger_fingerprint(db: Path) -> dict[str, str | None]:
+    """sha256 of the ledger file and its write-ahead log (None when absent): compared before and after a verb.
+
+    Taken after the CLI has returned (and closed the ledger), so a close-time checkpoint has already happened.
+    The -shm index is SQLite's shared memory, rewritten by readers, and carries no content of its own.
+    """
+    files = {"db": db, "wal": db.with_name(db.name + "-wal")}
+    return {name: hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None for name, path in files.items()}
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+# --- small registrations over the molmo2 workload's declared names ---------------------------------------------
+
+# Three rungs: a baseline, the baseline + P1, and P1 + P2. Dropping P2 makes C equal to B; dropping P1 empties B.
+MINI = """
+id = "mini"
+title = "mini: two items, three rungs"
+question = "does P1 (and P2) make a step faster?"
+workload = "molmo2"
+profile = "cpu-tiny"
+
+[cost]
+ceiling_gpu_h = 0.5
+on_ceiling = "stop"
+
+[[items]]
+id = "P1"
+title = "suffix cudnn"
+switch = "suffix_cudnn"
+bitwise = false
+
+  [[items.oracles]]
+  id = "P1a"
+  kind = "tolerance"
+  probe = "one_step"
+  bounds = { loss_abs = 1e-3, grad_norm_rel = 1e-2 }
+
+[[items]]
+id = "P2"
+title = "windowed vram peak"
+switch = "windowed_vram_peak"
+bitwise = true
+
+  [[items.oracles]]
+  id = "P2a"
+  kind = "schema"
+  probe = "window_schema"
+
+[protocol]
+kind = "compare"
+steps = 40
+log_every = 10
+discard_first = 10
+config = { batch = 4, backward_chunks = 2 }
+
+  [[protocol.rungs]]
+  id = "A"
+  items = []
+  [[protocol.rungs]]
+  id = "B"
+  items = ["P1"]
+  [[protocol.rungs]]
+  id = "C"
+  items = ["P1", "P2"]
+
+[reads]
+primary = "(A.s_per_step - C.s_per_step) / A.s_per_step"
+secondary = "(A.s_per_step - B.s_per_step) / A.s_per_step"
+vram_clean = "C.vram_peak_gib <= A.vram_peak_gib * 1.02"
+
+[[rules]]
+id = "R-land"
+when = "primary >= 0.05 and vram_clean"
+outcome = "land-both"
+land = ["P1", "P2"]
+
+[[rules]]
+id = "R-hygiene"
+when = "primary < 0.05 or not vram_clean"
+outcome = "land-hygiene"
+land = [{ item = "P2", if = "vram_clean" }]
+park = ["P1"]
+
+[[expectations]]
+n = 1
+claim = "every oracle passes"
+confidence = "high"
+check = "all_oracles_passed()"
+
+[[expectations]]
+n = 2
+claim = "P1 alone buys 4%"
+confidence = "medium"
+check = "secondary >= 0.04"
+
+[[expectations]]
+n = 3
+claim = "the bundle buys 5%"
+confidence = "low"
+check = "primary >= 0.05"
+"""
+
+# Oracle observations that pass MINI's bounds / pass conditions.
+PASSING_ORACLES = """
+[oracles.P1a]
+loss_abs = 2e-4
+grad_norm_rel = 3e-3
+[oracles.P2a]
+missing = []
+violations = []
+"""
+
+
+def rung_record(rung: str, items: list[str], *, s_per_step: float, vram: float = 10.0, status: str = "finished") -> str:
+    """One `[rungs.X]` table of a record file, with summary metrics."""
+    listed = ", ".join(f'"{i}"' for i in items)
+    return f"""
+[rungs.{rung}]
+items = [{listed}]
+status = "{status}"
+metrics = {{ s_per_step = {s_per_step!r}, vram_peak_gib = {vram!r} }}
+"""
+
+
+def record_file(directory: Path, name: str, *parts: str, provenance: str = "test bench, hand-entered") -> Path:
+    return write(directory, name, f'provenance = "{provenance}"\n' + "".join(textwrap.dedent(p) for p in parts))
+
+
+@pytest.fixture
+def mini(tmp_path: Path) -> Path:
+    return write(tmp_path, "mini.toml", MINI)
+
+
+@pytest.fixture
+def frozen_mini(cli: Cli, mini: Path) -> Path:
+    cli.ok("freeze", mini)
+    return mini

@@ -1,0 +1,51 @@
+"""Golden CLI output: what a person sees from `prereg check` of the S-bundle registration and from `prereg verdict`
+on a fixed replay of its ladder. Hashes, heads and times are normalized; `PREREG_UPDATE_GOLDEN=1` rewrites the files."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+
+from conftest import PERF_PASS1, Cli
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+REPLAY = GOLDEN / "molmo2-perf-pass1.replay.toml"
+UPDATE = os.environ.get("PREREG_UPDATE_GOLDEN") == "1"
+
+HEX = re.compile(r"\b[0-9a-f]{12,64}\b")  # document hashes and ledger heads (shown whole or cut to 12/16)
+TIME = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?")
+
+
+def normalized(text: str, tmp_path: Path) -> str:
+    return TIME.sub("<time>", HEX.sub("<hash>", text.replace(str(tmp_path), "<tmp>")))
+
+
+def assert_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"{path} is missing: run the tests with PREREG_UPDATE_GOLDEN=1 to write it"
+    expected = path.read_text(encoding="utf-8")
+    diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "now"))
+    assert text == expected, f"output differs from {path} (PREREG_UPDATE_GOLDEN=1 rewrites it if the change is intended):\n{diff}"
+
+
+def test_normalization_keeps_what_matters() -> None:
+    text = "document 2dfd388079d6530b · entry 12 · head 90515bb8de4088e5 at 2026-08-08T14:31:02.123456Z, rung A 2.252"
+    assert normalized(text, Path("/nowhere")) == "document <hash> · entry 12 · head <hash> at <time>, rung A 2.252"
+
+
+def test_check_of_the_s_bundle_registration(cli: Cli, tmp_path: Path) -> None:
+    result = cli("check", PERF_PASS1)
+    assert result.exit_code == 0, result.stderr
+    assert_golden("check-molmo2-perf-pass1.txt", normalized(result.stdout, tmp_path))
+
+
+def test_verdict_on_a_fixed_replay_of_the_s_bundle_ladder(cli: Cli, tmp_path: Path) -> None:
+    cli.ok("freeze", PERF_PASS1)
+    cli.ok("record", "molmo2-perf-pass1", REPLAY)
+    result = cli.ok("verdict", "molmo2-perf-pass1")
+    assert_golden("verdict-molmo2-perf-pass1.txt", normalized(result.stdout, tmp_path))

@@ -1,0 +1,114 @@
+"""The training step and the runner on the tiny geometry: chunked gradients, the frozen vision tower, window
+metrics, the probes the S-bundle's oracles use, and a model that learns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.molmo2.declaration import PROFILES
+from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.train import TrainConfig, Trainer, prepare_step
+from engine.molmo2.workload import Molmo2Runner
+from oracles.judge import judge
+
+
+def runner(**config) -> Molmo2Runner:
+    r = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 1, **config}, seed=0)
+    r.load()
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Molmo2Runner:
+    return runner()
+
+
+def test_chunked_gradient_equals_unchunked_in_fp64(tiny):
+    samples = [tiny.eval_data.sample(i) for i in range(4)]
+    model = tiny.model.double()
+    try:
+        grads = {}
+        for chunks in (1, 2, 4):
+            size = 4 // chunks
+            batches = [tiny.collator(samples[k: k + size]) for k in range(0, 4, size)]
+            batches = [type(b)(prefix=type(b.prefix)(**{**vars(b.prefix), "pixel_values": b.prefix.pixel_values.double(), "state": b.prefix.state.double()}),
+                               suffix=b.suffix, actions=b.actions, n_cameras=b.n_cameras) for b in batches]
+            trainer = Trainer(model, TrainConfig(batch=4, backward_chunks=chunks), tiny.device)
+            trainer.accumulate_gradients(prepare_step(batches, tiny.device))
+            grads[chunks] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        assert grads[1].keys() == grads[2].keys() == grads[4].keys()
+        worst = max((grads[1][n] - grads[c][n]).abs().max().item() for c in (2, 4) for n in grads[1])
+        assert worst <= 1e-12, worst  # equal up to fp64 reduction order
+    finally:
+        model.float()
+
+
+def test_vision_tower_is_frozen_and_has_no_optimizer_state(tiny):
+    trainer = tiny.fresh(HEAD)
+    trainer.step(tiny.probe_step)
+    with_state = {id(p) for p in trainer.optimizer.state}
+    for name, p in tiny.model.named_parameters():
+        frozen = name.startswith(("model.vision_backbone.", "lm_head.", "model.transformer.wte.embedding", "model.transformer.wte.new_embedding"))
+        assert (p.grad is None) == frozen, name
+        assert (id(p) in with_state) == (not frozen), name
+
+
+def test_window_reports_every_metric_and_the_windowed_peak_only_under_p2(tiny):
+    trainer = tiny.fresh(HEAD)
+    head = trainer.window(tiny.steps_for(2), windowed_memory=False)
+    for key in ("steps", "s_per_step", "tokens_per_s", "loss", "finite", "vram_peak_gib", "vram_reserved_peak_gib"):
+        assert key in head, key
+    assert head["steps"] == 2 and head["finite"] is True and head["s_per_step"] > 0
+    assert "vram_window_peak_gib" not in head
+    windows = [trainer.window(tiny.steps_for(1), windowed_memory=True) for _ in range(3)]
+    assert all(w["vram_peak_gib"] >= w["vram_window_peak_gib"] > 0 for w in windows)
+    assert [w["vram_peak_gib"] for w in windows] == sorted(w["vram_peak_gib"] for w in windows)
+
+
+@pytest.mark.parametrize(
+    ("switch", "probe", "kind", "bounds"),
+    [
+        ("branchless_extension_lookup", "embed_outputs", "bitwise", {}),
+        ("branchless_extension_lookup", "fwd_bwd_outputs", "bitwise", {}),
+        ("no_embed_clone", "fwd_bwd_outputs", "bitwise", {}),
+        ("masked_loss_sums", "loss_sums_fp64", "tolerance", {"sum_rel": 1e-12}),
+        ("masked_loss_sums", "loss_sums_fp64", "bitwise", {}),
+        ("device_assert_patch_count", "planted_mismatch", "raises", {}),
+        ("windowed_vram_peak", "window_schema", "schema", {}),
+        ("no_embed_clone", "decode_bytes", "byte_match", {}),
+        ("no_embed_clone", "loss_curve", "curve_overlay", {}),
+        ("no_embed_clone", "one_step", "tolerance", {"loss_abs": 0.0, "grad_norm_rel": 0.0}),
+    ],
+)
+def test_probes_pass_for_the_items_that_hold(tiny, switch, probe, kind, bounds):
+    observed = tiny.probe(probe, switch, {"steps": 4})
+    judgement = judge(kind, observed, bounds)
+    assert judgement.passed, (judgement.reason, observed)
+
+
+def test_probes_fail_where_they_must(tiny):
+    # HEAD's window has no windowed field: the P2 schema oracle judged on HEAD fails, naming it.
+    assert judge("schema", tiny.probe("window_schema", "no_embed_clone", {}), {}).reason.startswith("missing ['vram_window_peak_gib']")
+    # cuDNN attention cannot run on a CPU: the P1 probes fail with that reason instead of being skipped.
+    observed = tiny.probe("one_step", "suffix_cudnn", {})
+    assert "CUDA backend" in observed["error"]
+    assert not judge("tolerance", observed, {"loss_abs": 1e-3}).passed
+
+
+def test_tiny_model_learns_the_rig():
+    """Loss and greedy-decoded action error fall within 400 CPU steps at batch 8 (lr 5e-3): the training loss by
+    >= 50%, and the chunk MAE of greedy decodes of 16 training episodes to <= 80% of the untrained model's (which
+    decodes no chunk at all: the zero chunk; measured 0.477 -> 0.329). The claim is that the AR decoder learns to
+    emit FAST chunks that carry the actions; held-out generalisation is not claimed at this size and step count
+    (the runner's evaluate() measures it on held-out episodes, for runs)."""
+    r = runner(batch=8, lr=5e-3, backbone_text_lr=5e-3)
+    seen = [r.train_data.sample(i) for i in range(16)]
+    before = r.decode_error(seen)
+    first = r.train_window(10, lambda: False)
+    r.train_window(380, lambda: False)
+    last = r.train_window(10, lambda: False)
+    after = r.decode_error(seen)
+    assert last["loss"] <= 0.5 * first["loss"], (first["loss"], last["loss"])
+    assert after["probe_chunk_mae"] <= 0.8 * before["probe_chunk_mae"], (before, after)
+    assert after["probe_decode_failures"] < before["probe_decode_failures"]
