@@ -64,6 +64,10 @@ def ledger_url(option: str | None) -> str:
 @contextmanager
 def verb(as_json: bool) -> Iterator[None]:
     """Turn errors into their exit codes; in --json mode the error is the one JSON object on stdout."""
+    global out, err
+    # Fresh consoles per invocation: the terminal (or COLUMNS) of this call decides the width, not the first import's.
+    out = Console(highlight=False, soft_wrap=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         yield
     except PreregError as error:
@@ -245,7 +249,9 @@ def audit_list(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
         rows = query(store)
         if emit(as_json, {"registrations": rows}):
             return
-        table = Table("id", "status", "versions", "outcome", "profile", "frozen", title="registrations")
+        table = Table(title="registrations")
+        for name in ("id", "status", "versions", "outcome", "profile", "frozen"):
+            table.add_column(name, no_wrap=name in ("id", "outcome"))
         for row in rows:
             outcome = esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
             table.add_row(esc(row["id"]), row["status"], str(row["versions"]), outcome, esc(row["profile"]), row["frozen"][:19])

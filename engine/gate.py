@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -20,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--reg", required=True)
     args = parser.parse_args(argv)
+
+    stop: list[str] = []
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        # Between probes: the oracle being judged finishes and is recorded; the rest wait for the next run.
+        signal.signal(number, lambda n, f: stop.append(signal.Signals(n).name))
 
     from engine.workload import make_runner
     from oracles.judge import judge
@@ -39,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = time.monotonic()
     runner.load()
     load_s = time.monotonic() - load_start
+    done = []
     for item, oracle in pending:
+        if stop:
+            break
         start = time.monotonic()
         try:
             observed = runner.probe(oracle.probe, item.switch, oracle.model_dump(mode="json"))
@@ -52,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             "bounds": oracle.bounds, "passed": judgement.passed, "reason": judgement.reason, "version": state.version,
             "external": False, "gpu_s": round(seconds * runner.devices, 4),
         })
+        done.append(oracle.id)
         print(json.dumps({"event": "oracle", "oracle": oracle.id, "item": item.id, "passed": judgement.passed, "reason": judgement.reason}), flush=True)
     wall = time.monotonic() - PROCESS_START
     ledger.append("gate", args.reg, {"load_s": round(load_s, 4), "wall_s": round(wall, 4), "gpu_s": round(wall * runner.devices, 4),
-                                      "oracles": [o.id for _, o in pending], "version": state.version})
+                                      "oracles": done, "stopped": stop[0] if stop else None, "version": state.version})
     return 0
 
 

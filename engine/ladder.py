@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -143,6 +144,12 @@ class Ladder:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
 
+    def _budget_expired(self) -> None:
+        if self.stopping is None:
+            self.stopping = "budget"
+        if self.child is not None:
+            self.child.signal(signal.SIGUSR1)
+
     def budget_left(self) -> float | None:
         return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
@@ -150,15 +157,18 @@ class Ladder:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.child = Child(args)
+        timer = None
+        left = self.budget_left()
+        if left is not None:
+            # The time budget: the child stops cleanly between steps (or probes) and the ladder stays resumable.
+            timer = threading.Timer(max(left, 0.0), self._budget_expired)
+            timer.daemon = True
+            timer.start()
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                             TimeElapsedColumn(), console=self.console, disable=self.console is None, transient=False)
         tasks: dict[str, Any] = {}
         with progress:
             for event in self.child.events():
-                left = self.budget_left()
-                if left is not None and left <= 0 and self.stopping is None:
-                    self.stopping = "budget"
-                    self.child.signal(signal.SIGUSR1)
                 if event["event"] == "oracle" and self.console is not None:
                     mark = "[green]pass[/]" if event["passed"] else "[red]FAIL → dropped[/]"
                     progress.console.print(f"  oracle {event['oracle']} ({event['item']}): {mark} · {event['reason']}")
@@ -168,6 +178,8 @@ class Ladder:
                         tasks[key] = progress.add_task(f"  rung {event['rung']}", total=event["of"], note="")
                     note = f"loss {event['loss']:.3f} · {event['s_per_step']:.3f} s/step" if event.get("loss") is not None else ""
                     progress.update(tasks[key], completed=event["step"], note=note)
+        if timer is not None:
+            timer.cancel()
         rc = self.child.process.returncode
         self.child = None
         return rc
@@ -178,6 +190,8 @@ class Ladder:
             return
         self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
         rc = self.run_child(["engine.gate", "--ledger", self.ledger.url, "--reg", self.reg_id], describe="gate")
+        if self.stopping is not None:
+            return
         if rc != 0:
             raise RuntimeError(f"the oracle gate process exited with {rc}")
 
@@ -225,8 +239,9 @@ class Ladder:
             self.say(f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end; their rungs re-run from scratch")
         self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
         state = load_state(self.ledger, self.reg_id, with_windows=False)
-        self.print_plan(reg, state)
         stopped = None
+        if self.stopping is None:
+            self.print_plan(reg, state)
         while self.stopping is None:
             state = load_state(self.ledger, self.reg_id, with_windows=False)
             reg = state.registration()
@@ -267,11 +282,14 @@ class Ladder:
             if reg.cost.on_ceiling == "finish-rung" and cost_summary(reg, state)["gpu_s"] >= cost_summary(reg, state)["ceiling_gpu_s"]:
                 stopped = "ceiling"
                 break
-        if self.stopping and self.stopping != "budget":
+        if self.stopping == "budget":
+            stopped = "budget"
+        elif self.stopping:
             stopped = f"signal {self.stopping}"
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         reg = state.registration()
-        remaining = [label for _, label in pending_rungs(reg, state)]
+        remaining = [f"oracle {o.id}" for i in reg.items for o in i.oracles if o.id not in state.oracles]
+        remaining += [label for _, label in pending_rungs(reg, state)]
         if reg.protocol.kind == "until_pass" and until_pass_decided(reg, state):
             remaining = []
         seq, head = self.ledger.head()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,11 @@ def _git(args: list[str], cwd: Path) -> str | None:
 def git_state(cwd: Path) -> dict[str, Any]:
     commit = _git(["rev-parse", "HEAD"], cwd)
     if commit is None:
+        # A copy of the tree without its .git (a lent GPU machine): the launcher states the commit it copied.
+        stated = os.environ.get("PREREG_GIT_COMMIT")
+        if stated:
+            return {"commit": stated, "dirty": os.environ.get("PREREG_GIT_DIRTY") == "1", "diff_hash": os.environ.get("PREREG_GIT_DIFF_HASH"),
+                    "stated_by": "PREREG_GIT_COMMIT"}
         return {"commit": None, "dirty": None, "diff_hash": None}
     diff = _git(["diff", "HEAD", "--no-color", "--no-ext-diff"], cwd) or ""
     untracked = _git(["ls-files", "--others", "--exclude-standard"], cwd) or ""
