@@ -287,7 +287,7 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
             out.print(runs)
         if shown["verdict"]:
             v = shown["verdict"]
-            hits = " ".join(f"{e['n']}:{e['result']}" for e in v["expectations"])
+            hits = " ".join(f"{e['n']}{e.get('part') or ''}:{e['result']}" for e in v["expectations"])
             out.print(f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))} · land {esc(v['land'] or '—')} · park {esc(v['park'] or '—')} · expectations {hits or '—'}")
         if shown["post_hoc"]:
             out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")

@@ -21,7 +21,8 @@ REG_ID = "molmo2-perf-pass1-tiny"
 
 def prereg(*args: str, ledger: Path) -> None:
     command = ["prereg", *args, "--ledger", str(ledger.relative_to(ROOT))]
-    print(f"\n\033[1m$ {shlex.join(command)}\033[0m", flush=True)
+    line = f"$ {shlex.join(command)}"
+    print("\n" + (f"\033[1m{line}\033[0m" if sys.stdout.isatty() else line), flush=True)
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *command[1:]], cwd=ROOT)
     if result.returncode != 0:
         sys.exit(result.returncode)

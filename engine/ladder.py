@@ -144,6 +144,13 @@ class Ladder:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
 
+    def child_ledger_url(self) -> str:
+        """The ledger as the child processes (which run from the repository root) must name it."""
+        url = self.ledger.url
+        if "://" in url and not url.startswith("sqlite:///"):
+            return url
+        return str(Path(url.removeprefix("sqlite:///")).resolve())
+
     def _budget_expired(self) -> None:
         if self.stopping is None:
             self.stopping = "budget"
@@ -189,7 +196,7 @@ class Ladder:
         if not pending:
             return
         self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
-        rc = self.run_child(["engine.gate", "--ledger", self.ledger.url, "--reg", self.reg_id], describe="gate")
+        rc = self.run_child(["engine.gate", "--ledger", self.child_ledger_url(), "--reg", self.reg_id], describe="gate")
         if self.stopping is not None:
             return
         if rc != 0:
@@ -263,7 +270,7 @@ class Ladder:
                 stopped = "budget"
                 self.say(f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume")
                 break
-            args = ["engine.rung", "--ledger", self.ledger.url, "--reg", self.reg_id]
+            args = ["engine.rung", "--ledger", self.child_ledger_url(), "--reg", self.reg_id]
             for planned, label in batch:
                 args += ["--run", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
             if deadline is not None:
@@ -271,11 +278,17 @@ class Ladder:
             self.say(f"[bold]rung {', '.join(label for _, label in batch)}[/]" + (" (interleaved)" if len(batch) > 1 else "")
                      + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
             kills_before = len(state.kills)
-            self.run_child(args, describe="rung")
+            run_ids = [a.split("=", 1)[0] for a in args[args.index("--run"):] if "=" in a]
+            rc = self.run_child(args, describe="rung")
             if self.stopping == "budget":
                 stopped = "budget"
                 break
             state = load_state(self.ledger, self.reg_id, with_windows=False)
+            ended = {r.run_id for r in state.runs if r.status not in ("running", "interrupted")}
+            if not set(run_ids) <= ended:
+                # A rung process that leaves no end in this ledger (it crashed before its run-start, or wrote
+                # elsewhere) would be re-run forever: stop and say so; the next run records it as interrupted.
+                raise RuntimeError(f"the rung process exited with {rc} without ending its runs {sorted(set(run_ids) - ended)} in {self.ledger.url}")
             for kill in state.kills[kills_before:]:
                 drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
                 self.say(f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}")

@@ -69,7 +69,7 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "entries": state.entry_counts,
         "verdict": None if verdict is None else {
             "outcome": verdict["outcome"], "rule": verdict["rule"], "land": verdict["land"], "park": verdict["park"],
-            "expectations": [{"n": e["n"], "result": e["result"]} for e in verdict["expectations"]],
+            "expectations": [{"n": e["n"], "part": e.get("part"), "result": e["result"]} for e in verdict["expectations"]],
             "post_hoc": verdict["post_hoc"], "seq": state.verdicts[-1].seq,
         },
         "post_hoc": state.post_hoc_paths(),
