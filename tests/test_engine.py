@@ -207,3 +207,60 @@ def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
     rung_a = next(r for r in verdict["rungs"] if r["rung"] == "A")
     assert rung_a["windows"] == 29  # the finished run's 30 windows less the discarded first; nothing partial merged
     assert rung_a["run"] == [r for r in state.runs if r.rung == "A"][-1].run_id
+
+
+def test_interleaved_schedule_runs_the_rungs_in_one_process_window_by_window(tmp_path):
+    text = MICRO.replace('[protocol]\n', '[protocol]\nschedule = "interleaved"\n')
+    path, ledger = frozen(tmp_path, text)
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"], summary
+    store = Ledger.open(str(ledger), create=False)
+    try:
+        starts = [e.data for e in store.entries(reg_id="micro", kinds=("run-start",))]
+        windows = [(e.data["rung"], e.data["step"]) for e in store.entries(reg_id="micro", kinds=("window",))]
+    finally:
+        store.close()
+    assert [s["rung"] for s in starts] == ["A", "C"] and all(s["schedule"] == "interleaved" for s in starts)
+    assert starts[0]["env"]["host"] == starts[1]["env"]["host"] and len(starts[0]["interleaved_with"]) == 1
+    assert windows == [("A", 2), ("C", 2), ("A", 4), ("C", 4), ("A", 6), ("C", 6)]  # alternating, one model load
+
+
+UNTIL_PASS = MICRO.replace('[protocol]\n', '[protocol]\nkind = "until_pass"\npass_rule = "rc == 0 and steps >= 6"\n').replace(
+    '''  [[protocol.rungs]]
+  id = "A"
+  [[protocol.rungs]]
+  id = "B"
+  items = ["P1"]
+  [[protocol.rungs]]
+  id = "C"
+  items = ["P1", "P2", "P4"]''', '''  [[protocol.rungs]]
+  id = "R1"
+  [[protocol.rungs]]
+  id = "R2"
+  config = { batch = 1 }
+  [[protocol.rungs]]
+  id = "R3"
+  config = { batch = 3 }''').split("[reads]")[0] + '''
+[[rules]]
+id = "gate-passed"
+when = "defined(PASS.steps)"
+outcome = "launch"
+
+[[kill]]
+id = "K-short"
+when = "step >= 2"
+rungs = ["R1"]
+'''
+
+
+def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path):
+    path, ledger = frozen(tmp_path, UNTIL_PASS)
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"], summary
+    state, report = state_of(ledger)
+    assert report.ok
+    assert [(r.rung, r.status) for r in state.runs] == [("R1", "killed"), ("R2", "finished")]  # R3 never runs
+    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    assert verdict["until_pass"]["passed"] == "R2"
+    assert verdict["until_pass"]["rejected"][0]["rung"] == "R1" and "steps" in verdict["until_pass"]["rejected"][0]["reason"]
+    assert verdict["outcome"] == "launch"
