@@ -264,3 +264,22 @@ def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path):
     assert verdict["until_pass"]["passed"] == "R2"
     assert verdict["until_pass"]["rejected"][0]["rung"] == "R1" and "steps" in verdict["until_pass"]["rejected"][0]["reason"]
     assert verdict["outcome"] == "launch"
+
+
+def test_a_ledger_that_fails_verification_is_refused_before_anything_runs(tmp_path):
+    import sqlite3
+
+    path, ledger = frozen(tmp_path)
+    connection = sqlite3.connect(ledger)
+    connection.execute("DROP TRIGGER entries_refuse_update")  # behind the tool's back, as an editor would
+    connection.execute("UPDATE entries SET body = replace(body, '\"steps\":6', '\"steps\":7') WHERE seq = 1")
+    connection.commit()
+    connection.close()
+    result = prereg("run", "micro", "--file", str(path), ledger=ledger)
+    assert result.returncode == 4, (result.stdout, result.stderr)
+    assert "entry 1" in result.stderr
+    store = Ledger.open(str(ledger), create=False)
+    try:
+        assert store.count(reg_id="micro") == 1  # nothing was run or written
+    finally:
+        store.close()
