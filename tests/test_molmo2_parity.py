@@ -12,6 +12,8 @@ import dataclasses
 import pytest
 import torch
 
+from engine.molmo2.peer import transformers_config
+
 from engine.molmo2.checkpoint import load_checkpoint, write_checkpoint
 from engine.molmo2.config import Molmo2Config
 from engine.molmo2.model import Molmo2Model, positions_from_mask, prefix_attention_mask
@@ -24,35 +26,7 @@ LOGITS_ATOL = 1e-5
 
 
 def tfm_config(config: Molmo2Config) -> "tfm.Molmo2Config":
-    t, v, a = config.text, config.vision, config.adapter
-    tc = tfm.Molmo2Config(
-        text_config=dict(
-            hidden_size=t.hidden_size, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
-            head_dim=t.head_dim, vocab_size=t.vocab_size, additional_vocab_size=t.additional_vocab_size,
-            num_hidden_layers=t.num_layers, intermediate_size=t.intermediate_size, rms_norm_eps=t.norm_eps,
-            rope_parameters=dict(rope_type="default", rope_theta=t.rope_theta),
-            max_position_embeddings=t.max_position_embeddings,
-        ),
-        vision_config=dict(
-            hidden_size=v.hidden_size, intermediate_size=v.intermediate_size,
-            num_hidden_layers=config.vit_stored_layers, num_attention_heads=v.num_heads,
-            num_key_value_heads=v.num_heads, head_dim=v.head_dim, image_size=list(v.image_size),
-            patch_size=v.patch_size, layer_norm_eps=v.norm_eps,
-        ),
-        adapter_config=dict(
-            vision_feature_layer=list(config.vit_taps), hidden_size=a.hidden_size, num_attention_heads=a.num_heads,
-            num_key_value_heads=a.num_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
-            text_hidden_size=t.hidden_size,
-        ),
-        image_start_token_id=config.token_id("image_start"),
-        low_res_image_start_token_id=config.token_id("low_res_image_start"),
-        image_end_token_id=config.token_id("image_end"),
-        image_patch_id=config.image_patch_id,
-        frame_start_token_id=config.token_id("frame_start"),
-        frame_end_token_id=config.token_id("frame_end"),
-    )  # fmt: skip
-    tc._attn_implementation = "eager"
-    return tc
+    return transformers_config(config)
 
 
 def tfm_model(config: Molmo2Config, seed: int = 0) -> "tfm.Molmo2ForConditionalGeneration":
