@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from prereg.errors import InvalidInput, LedgerCorrupt, PreregError
+from prereg.errors import LedgerCorrupt, PreregError
 
 
 class JsonUsageErrors(TyperGroup):

@@ -57,7 +57,7 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
 
 def step_flops(runner: Molmo2Runner) -> float:
     config = runner.config
-    t, v = config.text, config.vision
+    t = config.text
     trainable = sum(p.numel() for n, p in runner.model.named_parameters() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f.")))
     vision = sum(p.numel() for n, p in runner.model.named_parameters() if n.startswith("model.vision_backbone."))
     total = 0.0

@@ -160,7 +160,7 @@ class Ladder:
     def budget_left(self) -> float | None:
         return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
-    def run_child(self, args: list[str], *, describe: str, total: int | None = None) -> int:
+    def run_child(self, args: list[str]) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.child = Child(args)
@@ -196,7 +196,7 @@ class Ladder:
         if not pending:
             return
         self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
-        rc = self.run_child(["engine.gate", "--ledger", self.child_ledger_url(), "--reg", self.reg_id], describe="gate")
+        rc = self.run_child(["engine.gate", "--ledger", self.child_ledger_url(), "--reg", self.reg_id])
         if self.stopping is not None:
             return
         if rc != 0:
@@ -279,7 +279,7 @@ class Ladder:
                      + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
             kills_before = len(state.kills)
             run_ids = [a.split("=", 1)[0] for a in args[args.index("--run"):] if "=" in a]
-            rc = self.run_child(args, describe="rung")
+            rc = self.run_child(args)
             if self.stopping == "budget":
                 stopped = "budget"
                 break

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     watches = {run["run"]: KillWatch(reg, run["rung"], run["items"]) for run in runs}
     load_s = 0.0
     rc = 0
+    runner = None
     try:
         runner = make_runner(declaration, profile, config, reg.protocol.seed)
         load_start = time.monotonic()
@@ -158,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc(file=sys.stderr)
     wall = time.monotonic() - PROCESS_START
-    devices = getattr(locals().get("runner"), "devices", 1)
+    devices = runner.devices if runner is not None else 1
     for run in runs:
         share = 1.0 / len(runs)  # interleaved rungs share one process: its time is split evenly
         ledger.append("run-end", args.reg, {
             "rung": run["label"], "status": status[run["run"]], "ended_by": ended_by.get(run["run"]),
-            "totals": {"rc": rc, "steps": len(windows[run["run"]]) and windows[run["run"]][-1]["step"], "load_s": round(load_s, 4),
+            "totals": {"rc": rc, "steps": windows[run["run"]][-1]["step"] if windows[run["run"]] else 0, "load_s": round(load_s, 4),
                        "gpu_s": round(wall * devices * share, 4), "load_gpu_s": round(load_s * devices * share, 4),
                        "wall_s": round(wall, 4), "world_size": 1},
         }, ref=run["run"])

@@ -4,10 +4,9 @@ metrics, the probes the S-bundle's oracles use, and a model that learns."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine.molmo2.declaration import PROFILES
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import HEAD
 from engine.molmo2.train import TrainConfig, Trainer, prepare_step
 from engine.molmo2.workload import Molmo2Runner
 from oracles.judge import judge
