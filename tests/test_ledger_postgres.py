@@ -37,7 +37,9 @@ def libpq_url(url: str) -> str:
 def with_search_path(url: str, schema: str) -> str:
     parts = urlsplit(url)
     query = parse_qsl(parts.query) + [("options", f"-csearch_path={schema}")]
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    url = urlunsplit(parts._replace(query=urlencode(query)))
+    # urlunsplit drops the "//" of a URL with no host (postgresql:///db, the local socket): put it back.
+    return url if parts.netloc else url.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
 
 
 @pytest.fixture
