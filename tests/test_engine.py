@@ -283,3 +283,13 @@ def test_a_ledger_that_fails_verification_is_refused_before_anything_runs(tmp_pa
         assert store.count(reg_id="micro") == 1  # nothing was run or written
     finally:
         store.close()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine can honour a CUDA profile")
+def test_a_profile_this_machine_cannot_honour_is_refused(tmp_path):
+    path, ledger = frozen(tmp_path, MICRO.replace('profile = "cpu-tiny"', 'profile = "h200-4b"'))
+    before = ledger.read_bytes()
+    result = prereg("run", "micro", "--file", str(path), ledger=ledger)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "needs CUDA" in result.stderr
+    assert ledger.read_bytes() == before
