@@ -292,7 +292,8 @@ class Ladder:
             for kill in state.kills[kills_before:]:
                 drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
                 self.say(f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}")
-            if reg.cost.on_ceiling == "finish-rung" and cost_summary(reg, state)["gpu_s"] >= cost_summary(reg, state)["ceiling_gpu_s"]:
+            cost = cost_summary(reg, state)
+            if reg.cost.on_ceiling == "finish-rung" and cost["gpu_s"] >= cost["ceiling_gpu_s"]:
                 stopped = "ceiling"
                 break
         if self.stopping == "budget":

@@ -188,13 +188,15 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
 
 
 def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
-    """`prereg run` refuses a registration file that no longer matches what was frozen."""
-    state = require_frozen(ledger, reg_id)
-    frozen = next(e for e in ledger.entries(reg_id=reg_id, kinds=("freeze",)))
+    """`prereg run` refuses a registration file that no longer matches what was frozen (only the freeze entry
+    is read: no projection of the registration's windows)."""
+    frozen = next(ledger.entries(reg_id=reg_id, kinds=("freeze",)), None)
+    if frozen is None:
+        raise Refused(f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml")
     raw = path.read_bytes()
     if file_hash(raw) != frozen.data["source_hash"]:
         reg, _ = load_registration(path)
-        same_document = document_hash(reg) == state.versions[0].doc_hash
+        same_document = document_hash(reg) == frozen.data["doc_hash"]
         raise Refused(
             f"{path} changed since it was frozen" + (" (formatting only)" if same_document else ""),
             where=str(path),

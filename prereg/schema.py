@@ -122,6 +122,12 @@ class Protocol(Strict):
             raise ValueError(f"discard_first = {self.discard_first} leaves no step of steps = {self.steps} to read")
         if self.kind == "until_pass" and not self.pass_rule:
             raise ValueError('an until_pass ladder needs protocol.pass_rule, e.g. pass_rule = "rc == 0"')
+        if self.schedule == "interleaved":
+            # One process, one model load: the rungs may differ in their items (switches), not in their config.
+            differing = [r.id for r in self.rungs if r.config]
+            if differing:
+                raise ValueError(f"an interleaved schedule shares one model load, so rungs cannot set their own config; "
+                                 f"rungs {differing} do: move it to protocol.config or use schedule = \"sequential\"")
         if self.kind == "compare" and self.pass_rule:
             raise ValueError('pass_rule belongs to until_pass ladders; set kind = "until_pass" or remove it')
         return self

@@ -293,3 +293,12 @@ def test_a_profile_this_machine_cannot_honour_is_refused(tmp_path):
     assert result.returncode == 3, (result.stdout, result.stderr)
     assert "needs CUDA" in result.stderr
     assert ledger.read_bytes() == before
+
+
+def test_an_interleaved_ladder_whose_rungs_set_their_own_config_is_refused_at_validation(tmp_path):
+    text = MICRO.replace('[protocol]\n', '[protocol]\nschedule = "interleaved"\n').replace('  id = "B"\n', '  id = "B"\n  config = { batch = 1 }\n')
+    path = registration(tmp_path, text)
+    result = prereg("check", str(path), ledger=tmp_path / "ledger.db")
+    assert result.returncode == 2
+    assert "interleaved" in result.stderr and "['B']" in result.stderr
+    assert not (tmp_path / "ledger.db").exists()
