@@ -16,8 +16,15 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+# The ledger suite runs on SQLite and on PostgreSQL: tests/postgres_server.sh installs and starts a local server when
+# it can and prints its URL (or says, on one line, why the PostgreSQL tests will be skipped). REQUIRE_POSTGRES=1 (CI)
+# turns "skipped" into an error, there and in pytest.
+REQUIRE_POSTGRES ?=
+export REQUIRE_POSTGRES
+
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+	url=$$(bash tests/postgres_server.sh) && \
+	PREREG_TEST_POSTGRES_URL="$$url" $(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
 demo: venv
 	PREREG_DEMO=1 $(BIN)/python -m engine.demo

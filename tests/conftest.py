@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -220,3 +222,149 @@ def mini(tmp_path: Path) -> Path:
 def frozen_mini(cli: Cli, mini: Path) -> Path:
     cli.ok("freeze", mini)
     return mini
+
+
+# --- the ledger on each backend: SQLite, and PostgreSQL when PREREG_TEST_POSTGRES_URL names a server ----------------
+#
+# `ledger_url` is a fresh, empty place for a ledger, once per backend: tests that take it run as `test_x[sqlite]` and
+# `test_x[postgresql]`. On PostgreSQL each place is its own schema (the URL's search_path), named after the xdist
+# worker and a random suffix, so tests and workers never see each other's ledgers; the schemas are dropped after.
+# `make test` starts a server for these (tests/postgres_server.sh). Without one the postgresql half is skipped,
+# unless REQUIRE_POSTGRES=1 (CI), where it fails.
+
+POSTGRES_URL_VAR = "PREREG_TEST_POSTGRES_URL"
+LEDGER_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def postgres_options(url: str, **settings: str) -> str:
+    """`url` with server settings added to its libpq `options` (search_path, default_transaction_isolation, ...)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    flags = " ".join(f"-c{key}={value.replace(' ', chr(92) + ' ')}" for key, value in settings.items())
+    previous = [value for key, value in query if key == "options"]
+    query = [(key, value) for key, value in query if key != "options"] + [("options", " ".join([*previous, flags]))]
+    joined = urlunsplit(parts._replace(query=urlencode(query)))
+    # urlunsplit drops the "//" of a URL with no host (postgresql:///db, the local socket): put it back.
+    return joined if parts.netloc else joined.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+
+
+def libpq_url(url: str) -> str:
+    """A prereg PostgreSQL URL (postgresql:// or postgresql+psycopg://) as libpq spells it."""
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """The test server's URL; skips without one, fails without one under REQUIRE_POSTGRES=1."""
+    url = os.environ.get(POSTGRES_URL_VAR)
+    if not url:
+        why = f"{POSTGRES_URL_VAR} is not set (`make test` starts a server with tests/postgres_server.sh)"
+        if os.environ.get("REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"REQUIRE_POSTGRES=1 but {why}")
+        pytest.skip(why)
+    return url
+
+
+class PostgresSchemas:
+    """Fresh schemas on the test server, each a place for one ledger; `drop_all` removes them."""
+
+    def __init__(self, url: str):
+        import psycopg
+
+        self.url = url
+        self.admin = psycopg.connect(libpq_url(url), autocommit=True)
+        # A test that left a transaction open on a schema must not hang the teardown: fail it instead.
+        self.admin.execute("SET lock_timeout = '30s'")
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.names: list[str] = []
+
+    def new(self) -> str:
+        name = f"prereg_test_{self.worker}_{uuid.uuid4().hex[:12]}"
+        self.admin.execute(f"CREATE SCHEMA {name}")
+        self.names.append(name)
+        return name
+
+    def url_of(self, schema: str, **settings: str) -> str:
+        return postgres_options(self.url, search_path=schema, **settings)
+
+    def drop_all(self) -> None:
+        try:
+            for name in self.names:
+                self.admin.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        finally:
+            self.admin.close()
+
+
+@pytest.fixture
+def postgres_schemas(postgres_url):
+    schemas = PostgresSchemas(postgres_url)
+    yield schemas
+    schemas.drop_all()
+
+
+@pytest.fixture(params=LEDGER_BACKENDS)
+def ledger_backend(request) -> str:
+    """"sqlite" or "postgresql": the backend the test runs against (the postgresql one needs a server)."""
+    return request.param
+
+
+@pytest.fixture
+def new_ledger_url(request, ledger_backend, tmp_path):
+    """A factory: every call gives the URL of another fresh, empty place for a ledger on the backend under test."""
+    if ledger_backend == "sqlite":
+        counter = iter(range(1, 1_000_000))
+        return lambda: str(tmp_path / f"ledger-{next(counter)}.db")
+    schemas = request.getfixturevalue("postgres_schemas")
+    return lambda: schemas.url_of(schemas.new())
+
+
+@pytest.fixture
+def ledger_url(new_ledger_url) -> str:
+    """A fresh, empty place for one ledger, on each backend in turn."""
+    return new_ledger_url()
+
+
+class RawLedgerDb:
+    """The database under a ledger, opened behind prereg's back: Python's sqlite3, or psycopg.
+
+    What a determined editor (or a foreign tool) does. Autocommit; `?` placeholders on both backends.
+    """
+
+    def __init__(self, url: str):
+        self.postgres = url.startswith(("postgresql://", "postgresql+psycopg://"))
+        if self.postgres:
+            import psycopg
+
+            self.conn = psycopg.connect(libpq_url(url), autocommit=True)
+        else:
+            import sqlite3
+
+            path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else url
+            self.conn = sqlite3.connect(path, isolation_level=None)
+
+    def execute(self, sql: str, params: tuple = ()) -> list[tuple]:
+        if self.postgres:
+            cursor = self.conn.execute(sql.replace("?", "%s"), params or None)
+        else:
+            cursor = self.conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+    def drop_guards(self) -> None:
+        """Take away the triggers that refuse UPDATE and DELETE (SQLite: drop them; PostgreSQL: disable them)."""
+        if self.postgres:
+            for table in ("entries", "meta"):
+                self.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+        else:
+            for (trigger,) in self.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"):
+                self.execute(f"DROP TRIGGER {trigger}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> RawLedgerDb:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

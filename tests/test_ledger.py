@@ -1,4 +1,8 @@
-"""The ledger's interface: opening, appending, querying, the chain's exact form, verify on a sound ledger."""
+"""The ledger's interface: opening, appending, querying, the chain's exact form, verify on a sound ledger.
+
+Every test that takes `ledger` or `ledger_url` runs on both backends (`[sqlite]`, `[postgresql]`; see conftest);
+the ones about SQLite's file, WAL and locking take `sqlite_ledger` or a path.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import sqlite3
 import pytest
 from sqlalchemy import event
 
+from conftest import RawLedgerDb
 from prereg.canonical import canonical_bytes
 from prereg.errors import InvalidInput, LedgerCorrupt
 from prereg.ledger import Entry, Ledger, VerifyReport, genesis_head, sqlite_wal_reset_affected
@@ -19,7 +24,13 @@ TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\Z")
 
 
 @pytest.fixture
-def ledger(tmp_path):
+def ledger(ledger_url):
+    with Ledger.open(ledger_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def sqlite_ledger(tmp_path):
     with Ledger.open(str(tmp_path / "ledger.db")) as opened:
         yield opened
 
@@ -38,10 +49,10 @@ def fill(ledger: Ledger) -> list[Entry]:
 # --- the chain's exact bytes: computed here by hand, independently of prereg.ledger.chain ---------------
 
 
-def test_genesis_head_is_derived_from_the_name(tmp_path):
+def test_genesis_head_is_derived_from_the_name(ledger_url):
     expected = hashlib.sha256(b"prereg-genesis\x00lab").hexdigest()
     assert genesis_head("lab") == expected
-    with Ledger.open(str(tmp_path / "x.db"), name="lab") as ledger:
+    with Ledger.open(ledger_url, name="lab") as ledger:
         assert ledger.head() == (0, expected)
     assert genesis_head("lab") != genesis_head("prereg")
 
@@ -80,6 +91,13 @@ def test_url_forms_open_the_same_file(tmp_path):
         assert by_url.url == f"sqlite:///{path}"
 
 
+def test_create_false_on_an_empty_place_is_invalid_input(ledger_url):
+    with pytest.raises(InvalidInput, match="no (prereg )?ledger") as caught:
+        Ledger.open(ledger_url, create=False)
+    assert caught.value.exit_code == 2
+    assert caught.value.where and caught.value.fix
+
+
 def test_create_false_on_a_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "nope.db"
     with pytest.raises(InvalidInput, match=re.escape(str(missing))) as caught:
@@ -99,16 +117,15 @@ def test_a_missing_directory_is_invalid_input(tmp_path):
         Ledger.open(str(tmp_path / "no" / "such" / "ledger.db"))
 
 
-def test_a_foreign_sqlite_file_is_not_taken_for_a_ledger(tmp_path):
-    path = tmp_path / "foreign.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE entries (x)")
+def test_a_foreign_database_is_not_taken_for_a_ledger(ledger_url):
+    with RawLedgerDb(ledger_url) as raw:
+        raw.execute("CREATE TABLE entries (x INTEGER)")
     with pytest.raises(InvalidInput, match="not a prereg ledger"):
-        Ledger.open(str(path))
+        Ledger.open(ledger_url)
 
 
-def test_the_name_is_chosen_at_creation_and_kept(tmp_path):
-    path = str(tmp_path / "named.db")
+def test_the_name_is_chosen_at_creation_and_kept(ledger_url):
+    path = ledger_url
     with Ledger.open(path, name="lab-ledger") as created:
         created.append("freeze", "r", {})
         head = created.head()
@@ -118,24 +135,30 @@ def test_the_name_is_chosen_at_creation_and_kept(tmp_path):
         assert reopened.verify().ok
 
 
-def test_a_ledger_of_another_format_is_refused(tmp_path):
-    path = tmp_path / "future.db"
-    Ledger.open(str(path)).close()
-    with sqlite3.connect(path) as conn:  # only possible behind the triggers' back
-        conn.execute("DROP TRIGGER meta_refuse_update")
-        conn.execute("UPDATE meta SET format = 2")
+def test_a_ledger_of_another_format_is_refused(ledger_url):
+    Ledger.open(ledger_url).close()
+    with RawLedgerDb(ledger_url) as raw:  # only possible behind the triggers' back
+        raw.drop_guards()
+        raw.execute("UPDATE meta SET format = 2")
     with pytest.raises(InvalidInput, match="format 2"):
-        Ledger.open(str(path))
+        Ledger.open(ledger_url)
 
 
-def test_wal_and_full_sync_are_in_force(ledger, tmp_path):
-    ledger.append("freeze", "r", {})
+@pytest.mark.parametrize("name", ["", "a\x00b"])
+def test_a_name_no_backend_can_store_is_refused(ledger_url, name):
+    with pytest.raises(ValueError, match="ledger name"):
+        Ledger.open(ledger_url, name=name)
+
+
+def test_wal_and_full_sync_are_in_force(sqlite_ledger, tmp_path):
+    sqlite_ledger.append("freeze", "r", {})
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_every_append_takes_the_write_lock_before_reading_the_head(ledger):
+def test_every_append_takes_the_write_lock_before_reading_the_head(sqlite_ledger):
     """BEGIN IMMEDIATE: a deferred BEGIN would read the head under a read lock and could lose the race."""
+    ledger = sqlite_ledger
     statements: list[str] = []
     event.listen(ledger._backend.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
     ledger.append("freeze", "r", {})
@@ -163,6 +186,9 @@ def test_every_append_takes_the_write_lock_before_reading_the_head(ledger):
         ("window", "r", [1, 2], None, "data"),
         ("window", "r", {"loss": float("nan")}, None, "canonical"),
         ("window", "r", {"loss": [1.0, float("inf")]}, None, "canonical"),
+        # PostgreSQL's text cannot hold NUL: refused on every backend, so a SQLite ledger always moves to PostgreSQL.
+        ("window", "reg\x00a", {}, None, "NUL"),
+        ("window", "r", {}, "run\x00", "NUL"),
     ],
 )
 def test_bad_items_are_refused_and_nothing_is_written(ledger, kind, reg_id, data, ref, message):
@@ -190,7 +216,8 @@ def test_entries_read_back_exactly_as_appended(ledger):
 
 
 def test_data_survives_unicode_and_nesting(ledger):
-    data = {"title": "mesure — ß ∑ 🚀", "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}}, "big": 2**70}
+    data = {"title": "mesure — ß ∑ 🚀", "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}}, "big": 2**70,
+            "nul": "a\x00b"}  # inside the body NUL is escaped (\u0000), so every backend stores it
     ledger.append("record", "r", data)
     (entry,) = ledger.entries()
     assert entry.data == data
@@ -223,6 +250,12 @@ def test_counts(ledger):
     assert ledger.count_by("reg-a", "freeze") == {None: 1}
     assert ledger.count_by("reg-a", "oracle") == {}
     assert ledger.reg_ids() == ["reg-a", "reg-b"]
+
+
+def test_reg_ids_are_in_code_point_order_on_every_backend(ledger):
+    names = ["reg-b", "Reg-c", "reg-a", "_x", "Zed", "été", "ete", "10", "9"]
+    ledger.append_many([("freeze", name, {}, None) for name in names])
+    assert ledger.reg_ids() == sorted(names)  # whatever the database's collation
 
 
 def test_an_abandoned_iteration_does_not_block_appends(ledger):
@@ -264,9 +297,9 @@ def test_a_malformed_published_head_is_invalid_input(ledger, bad):
         ledger.verify(published_head=bad)
 
 
-def test_checkpoint_folds_the_wal_into_the_file(ledger, tmp_path):
-    fill(ledger)
-    ledger.checkpoint()
+def test_checkpoint_folds_the_wal_into_the_file(sqlite_ledger, tmp_path):
+    fill(sqlite_ledger)
+    sqlite_ledger.checkpoint()
     wal = tmp_path / "ledger.db-wal"
     assert not wal.exists() or wal.stat().st_size == 0
     with sqlite3.connect(f"file:{tmp_path / 'ledger.db'}?mode=ro", uri=True) as conn:
@@ -293,21 +326,27 @@ def test_export_format(ledger):
                      "data": {"rung": "A"}, "prev_head": entries[2].prev_head, "head": entries[2].head}
 
 
-def test_import_rebuilds_the_same_ledger(ledger, tmp_path):
+def test_checkpoint_keeps_the_ledger_whole(ledger):
+    fill(ledger)
+    ledger.checkpoint()  # SQLite: folds the WAL into the file; PostgreSQL: nothing to do
+    assert ledger.count() == 12 and ledger.verify().ok
+
+
+def test_import_rebuilds_the_same_ledger(ledger, new_ledger_url):
     fill(ledger)
     text = export(ledger)
-    with Ledger.import_jsonl(io.StringIO(text), str(tmp_path / "copy.db")) as copy:
+    with Ledger.import_jsonl(io.StringIO(text), new_ledger_url()) as copy:
         assert copy.head() == ledger.head()
         assert list(copy.entries()) == list(ledger.entries())
         assert copy.verify().ok
         assert export(copy) == text
 
 
-def test_import_keeps_the_ledger_name(tmp_path):
-    with Ledger.open(str(tmp_path / "a.db"), name="lab") as source:
+def test_import_keeps_the_ledger_name(new_ledger_url):
+    with Ledger.open(new_ledger_url(), name="lab") as source:
         source.append("freeze", "r", {})
         text = export(source)
-    with Ledger.import_jsonl(io.StringIO(text), str(tmp_path / "b.db")) as copy:
+    with Ledger.import_jsonl(io.StringIO(text), new_ledger_url()) as copy:
         assert copy.name == "lab" and copy.head() == source.head()
 
 
@@ -338,9 +377,9 @@ def edit_line(text: str, number: int, edit) -> str:
         (lambda text: "".join(lines(text)[:8] + ['{"seq":8}\n'] + lines(text)[8:]), 8),
     ],
 )
-def test_import_refuses_a_damaged_export_and_commits_nothing(ledger, tmp_path, damage, first_bad):
+def test_import_refuses_a_damaged_export_and_commits_nothing(ledger, new_ledger_url, damage, first_bad):
     fill(ledger)
-    target = str(tmp_path / "target.db")
+    target = new_ledger_url()
     with pytest.raises(LedgerCorrupt) as caught:
         Ledger.import_jsonl(io.StringIO(damage(export(ledger))), target)
     assert caught.value.first_bad == first_bad
@@ -349,18 +388,21 @@ def test_import_refuses_a_damaged_export_and_commits_nothing(ledger, tmp_path, d
         assert left.count() == 0  # the import was one transaction
 
 
-def test_import_refuses_a_non_empty_target(ledger, tmp_path):
+def test_import_refuses_a_non_empty_target(ledger, new_ledger_url):
     fill(ledger)
-    with Ledger.open(str(tmp_path / "busy.db")) as busy:
+    busy_url = new_ledger_url()
+    with Ledger.open(busy_url) as busy:
         busy.append("freeze", "x", {})
     with pytest.raises(InvalidInput, match="empty"):
-        Ledger.import_jsonl(io.StringIO(export(ledger)), str(tmp_path / "busy.db"))
+        Ledger.import_jsonl(io.StringIO(export(ledger)), busy_url)
+    with Ledger.open(busy_url) as busy:
+        assert busy.count() == 1 and busy.verify().ok
 
 
 @pytest.mark.parametrize("header", ["", "{}", '{"ledger":"x","format":2}', '{"ledger":1,"format":1}', "[1]"])
-def test_import_refuses_a_bad_header(tmp_path, header):
+def test_import_refuses_a_bad_header(ledger_url, header):
     with pytest.raises(InvalidInput):
-        Ledger.import_jsonl(io.StringIO(header + "\n"), str(tmp_path / "t.db"))
+        Ledger.import_jsonl(io.StringIO(header + "\n"), ledger_url)
 
 
 # --- the SQLite version check -----------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Trying to break the ledger's guarantees: edits behind its back, forks, concurrent and killed writers.
 
-Every tamper here goes around prereg (a sqlite3 shell, Python's sqlite3 with the triggers dropped, the file's
-bytes); `verify` must then fail and name the first bad entry.
+Every tamper here goes around prereg (a sqlite3 shell, Python's sqlite3 or psycopg with the triggers dropped, the
+file's bytes); `verify` must then fail and name the first bad entry. Tests that take `ledger_url` run on both
+backends (`[sqlite]`, `[postgresql]`); the ones about SQLite's shell, file bytes and flock are SQLite's alone
+(PostgreSQL's triggers and advisory lock are tested in test_ledger_postgres.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RawLedgerDb
 from prereg.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,21 +32,20 @@ SQLITE_CLI = shutil.which("sqlite3")
 N = 10  # entries in the ledgers tampered with
 
 
-def make_ledger(path: Path, entries: int = N) -> Ledger:
-    ledger = Ledger.open(str(path))
+def make_ledger(url: str | Path, entries: int = N) -> Ledger:
+    ledger = Ledger.open(str(url))
     ledger.append_many(
         [("window", "reg-a", {"step": 100 + i, "loss": 2.5 - i / 10}, f"run-{i // 4}") for i in range(entries)]
     )
     return ledger
 
 
-def behind_its_back(path: Path, *statements: str, params: tuple = ()) -> None:
-    """Run SQL with Python's sqlite3 after dropping every trigger: what a determined editor would do."""
-    with sqlite3.connect(path) as conn:
-        for (trigger,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
-            conn.execute(f"DROP TRIGGER {trigger}")
+def behind_its_back(url: str | Path, *statements: str, params: tuple = ()) -> None:
+    """Run SQL straight on the database after taking the triggers away: what a determined editor would do."""
+    with RawLedgerDb(str(url)) as raw:
+        raw.drop_guards()
         for statement in statements:
-            conn.execute(statement, params if "?" in statement else ())
+            raw.execute(statement, params if "?" in statement else ())
 
 
 def child(code: str, *args: str, **popen) -> subprocess.Popen:
@@ -113,7 +115,6 @@ def test_update_and_delete_are_refused(tmp_path, via, sql):
         (["UPDATE entries SET reg_id = NULL WHERE seq = 6"], 6, "reg_id"),
         (["UPDATE entries SET ref = 'run-9' WHERE seq = 2"], 2, "ref"),
         (["UPDATE entries SET ts = '2020-01-01T00:00:00.000000Z' WHERE seq = 7"], 7, "ts"),
-        (["UPDATE entries SET reg_id = x'7265672d61' WHERE seq = 8"], 8, "reg_id"),  # the right bytes, as a BLOB
         # An entry removed from the middle.
         (["DELETE FROM entries WHERE seq = 6"], 6, "missing"),
         # An entry moved: renumbered past the end.
@@ -130,11 +131,10 @@ def test_update_and_delete_are_refused(tmp_path, via, sql):
         (["UPDATE meta SET name = 'forged'"], 1, "link"),
     ],
 )
-def test_verify_names_the_first_bad_entry(tmp_path, statements, first_bad, why):
-    path = tmp_path / "ledger.db"
-    make_ledger(path).close()
-    behind_its_back(path, *statements)
-    with Ledger.open(str(path), create=False) as ledger:
+def test_verify_names_the_first_bad_entry(ledger_url, statements, first_bad, why):
+    make_ledger(ledger_url).close()
+    behind_its_back(ledger_url, *statements)
+    with Ledger.open(ledger_url, create=False) as ledger:
         report = ledger.verify()
     assert not report.ok
     assert report.first_bad == first_bad, report.reason
@@ -142,37 +142,45 @@ def test_verify_names_the_first_bad_entry(tmp_path, statements, first_bad, why):
     assert why in report.reason
 
 
-def test_verify_after_an_edit_reports_the_last_good_head(tmp_path):
+def test_a_column_of_the_right_bytes_as_a_blob_is_caught(tmp_path):
+    """SQLite's columns take any type: reg_id's very bytes, stored as a BLOB instead of TEXT, are corruption."""
     path = tmp_path / "ledger.db"
-    ledger = make_ledger(path)
+    make_ledger(path).close()
+    behind_its_back(path, "UPDATE entries SET reg_id = x'7265672d61' WHERE seq = 8")
+    with Ledger.open(str(path), create=False) as ledger:
+        report = ledger.verify()
+    assert (report.ok, report.first_bad) == (False, 8)
+    assert "seq 8:" in report.reason and "reg_id" in report.reason
+
+
+def test_verify_after_an_edit_reports_the_last_good_head(ledger_url):
+    ledger = make_ledger(ledger_url)
     written = list(ledger.entries())
     ledger.close()
-    behind_its_back(path, "UPDATE entries SET kind = 'record' WHERE seq = 6")
-    with Ledger.open(str(path)) as ledger:
+    behind_its_back(ledger_url, "UPDATE entries SET kind = 'record' WHERE seq = 6")
+    with Ledger.open(ledger_url) as ledger:
         report = ledger.verify()
     assert (report.first_bad, report.entries, report.head) == (6, N, written[4].head)
 
 
-def test_truncation_is_caught_against_a_published_head(tmp_path):
-    path = tmp_path / "ledger.db"
-    ledger = make_ledger(path)
+def test_truncation_is_caught_against_a_published_head(ledger_url):
+    ledger = make_ledger(ledger_url)
     published = ledger.head()[1]
     ledger.close()
-    behind_its_back(path, "DELETE FROM entries WHERE seq > 7")
-    with Ledger.open(str(path)) as ledger:
+    behind_its_back(ledger_url, "DELETE FROM entries WHERE seq > 7")
+    with Ledger.open(ledger_url) as ledger:
         assert ledger.verify().ok  # a clean prefix of a chain is a chain: only a published head can tell
         report = ledger.verify(published_head=published)
     assert (report.ok, report.first_bad, report.entries) == (False, 8, 7)
 
 
-def test_a_rewritten_history_is_caught_against_a_published_head(tmp_path):
+def test_a_rewritten_history_is_caught_against_a_published_head(ledger_url):
     """An editor who knows the formula rewrites entry 3 and recomputes every head after it."""
-    path = tmp_path / "ledger.db"
-    ledger = make_ledger(path)
+    ledger = make_ledger(ledger_url)
     published = ledger.head()[1]
     ledger.close()
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute("SELECT seq, body, prev_head FROM entries ORDER BY seq").fetchall()
+    with RawLedgerDb(ledger_url) as raw:
+        rows = raw.execute("SELECT seq, body, prev_head FROM entries ORDER BY seq")
     prev = bytes.fromhex(rows[0][2])
     rewritten = []
     for seq, body, _ in rows:
@@ -181,10 +189,11 @@ def test_a_rewritten_history_is_caught_against_a_published_head(tmp_path):
         head = hashlib.sha256(b"\x01" + prev + hashlib.sha256(b"\x00" + body.encode()).digest()).digest()
         rewritten.append((body, prev.hex(), head.hex(), seq))
         prev = head
-    behind_its_back(path, "UPDATE entries SET prev_head = 'tmp-' || seq")  # free the UNIQUE prev_heads
-    with sqlite3.connect(path) as conn:
-        conn.executemany("UPDATE entries SET body = ?, prev_head = ?, head = ? WHERE seq = ?", rewritten)
-    with Ledger.open(str(path)) as ledger:
+    behind_its_back(ledger_url, "UPDATE entries SET prev_head = 'tmp-' || seq")  # free the UNIQUE prev_heads
+    with RawLedgerDb(ledger_url) as raw:
+        for row in rewritten:
+            raw.execute("UPDATE entries SET body = ?, prev_head = ?, head = ? WHERE seq = ?", row)
+    with Ledger.open(ledger_url) as ledger:
         assert json.loads(next(ledger.entries(after_seq=2)).body)["data"]["loss"] == 0.3
         assert ledger.verify().ok  # self-consistent: this is what a published head is for
         report = ledger.verify(published_head=published)
@@ -211,21 +220,31 @@ def test_bytes_edited_in_the_database_file_are_caught(tmp_path):
     assert (report.ok, report.first_bad) == (False, 28)
 
 
-def second_successor_of_entry_3(conn: sqlite3.Connection) -> tuple:
-    seq, kind, reg_id, ref, ts, body, prev_head, _ = conn.execute("SELECT * FROM entries WHERE seq = 4").fetchone()
+def second_successor_of_entry_3(raw: RawLedgerDb) -> tuple:
+    [(seq, kind, reg_id, ref, ts, body, prev_head, _)] = raw.execute("SELECT * FROM entries WHERE seq = 4")
     return (N + 1, kind, reg_id, ref, ts, body.replace("103", "104"), prev_head, "cd" * 32)
 
 
 @pytest.mark.parametrize("triggers", ["kept", "dropped"])
-def test_a_fork_fails_on_insert(tmp_path, triggers):
-    path = tmp_path / "ledger.db"
-    ledger = make_ledger(path)
+def test_a_fork_fails_on_insert(ledger_url, ledger_backend, triggers):
+    ledger = make_ledger(ledger_url)
     if triggers == "dropped":
-        behind_its_back(path)
-    refusal = "append-only" if triggers == "kept" else "UNIQUE constraint failed: entries.prev_head"
-    with sqlite3.connect(path) as conn:
-        with pytest.raises(sqlite3.IntegrityError, match=refusal):
-            conn.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", second_successor_of_entry_3(conn))
+        behind_its_back(ledger_url)
+    refusal = {
+        ("sqlite", "kept"): "append-only: INSERT would replace an entry or fork the chain",
+        ("sqlite", "dropped"): "UNIQUE constraint failed: entries.prev_head",
+        # PostgreSQL has no INSERT trigger: the unique constraint refuses the fork either way.
+        ("postgresql", "kept"): "uq_entries_prev_head",
+        ("postgresql", "dropped"): "uq_entries_prev_head",
+    }[ledger_backend, triggers]
+    with RawLedgerDb(ledger_url) as raw:
+        integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
+        if raw.postgres:
+            import psycopg
+
+            integrity_errors = (psycopg.errors.UniqueViolation,)
+        with pytest.raises(integrity_errors, match=refusal):
+            raw.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", second_successor_of_entry_3(raw))
     assert ledger.verify().ok
     assert ledger.append("record", "reg-a", {}).seq == N + 1
 
@@ -288,12 +307,16 @@ def test_writers_and_checkpoints_wait_for_the_lock_of_another_process(tmp_path, 
 
 # --- concurrent and killed writers ------------------------------------------------------------------
 
+WRITERS, APPENDS = 4, 250  # the concurrent-writer test: separate processes, each appending one entry at a time
+BEFORE = 7  # entries already in the ledger when they start
+
 APPENDER = """
     import os, sys, time
     from prereg.ledger import Ledger
-    path, writer, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    ledger = Ledger.open(path)
-    while not os.path.exists(go):  # start together, after the imports
+    url, writer, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    ledger = Ledger.open(url)  # its own engine and connections, as on another machine
+    print("ready", flush=True)
+    while not os.path.exists(go):  # start together, after the imports and the connection
         time.sleep(0.001)
     for i in range(count):
         ledger.append("window", "reg-" + writer, {"writer": writer, "i": i}, ref="run-" + writer)
@@ -301,32 +324,49 @@ APPENDER = """
 """
 
 
-def test_two_processes_appending_form_one_chain(tmp_path):
-    path = tmp_path / "ledger.db"
-    Ledger.open(str(path)).close()
+def test_concurrent_writer_processes_form_one_chain(ledger_url, ledger_backend, tmp_path):
+    with Ledger.open(ledger_url) as ledger:
+        ledger.append_many([("freeze", "reg-0", {"before": i}, None) for i in range(BEFORE)])
     go = tmp_path / "go"
-    writers = [child(APPENDER, str(path), name, "1000", str(go)) for name in ("a", "b")]
-    time.sleep(0.3)
-    go.touch()
-    for writer in writers:
-        assert writer.wait(60) == 0
-    with Ledger.open(str(path)) as ledger:
+    names = [f"w{k}" for k in range(WRITERS)]
+    writers = [child(APPENDER, ledger_url, name, str(APPENDS), str(go), stdout=subprocess.PIPE, text=True)
+               for name in names]
+    try:
+        for writer in writers:
+            assert writer.stdout.readline() == "ready\n", "a writer died before appending"
+        started = time.monotonic()
+        go.touch()
+        for writer in writers:
+            assert writer.wait(300) == 0
+        seconds = time.monotonic() - started
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+    with Ledger.open(ledger_url) as ledger:
         report = ledger.verify()
         entries = list(ledger.entries())
-    assert report.ok and report.entries == 2000
-    assert [e.seq for e in entries] == list(range(1, 2001))
-    for name in ("a", "b"):  # nothing lost, nothing duplicated, each writer's order kept
-        assert [e.data["i"] for e in entries if e.data["writer"] == name] == list(range(1000))
-    turns = sum(1 for x, y in zip(entries, entries[1:]) if x.data["writer"] != y.data["writer"])
-    assert turns >= 2, "the writers never interleaved: the test did not exercise contention"
+    total = BEFORE + WRITERS * APPENDS
+    assert report.ok, report.reason
+    assert report.entries == len(entries) == total
+    assert [e.seq for e in entries] == list(range(1, total + 1))
+    assert len({e.prev_head for e in entries}) == total, "two entries claim the same predecessor"
+    assert all(after.prev_head == before.head for before, after in zip(entries, entries[1:]))
+    assert [e.data for e in entries[:BEFORE]] == [{"before": i} for i in range(BEFORE)]
+    for name in names:  # nothing lost, nothing duplicated, each writer's order kept
+        assert [e.data["i"] for e in entries if e.data.get("writer") == name] == list(range(APPENDS))
+    turns = sum(1 for x, y in zip(entries[BEFORE:], entries[BEFORE + 1 :]) if x.data["writer"] != y.data["writer"])
+    print(f"{WRITERS} writers x {APPENDS} appends on {ledger_backend}: {seconds:.2f} s, {turns} changes of writer")
+    assert turns >= WRITERS, "the writers barely interleaved: the test did not exercise contention"
 
 
 KILLED_WRITER = """
     import random, sys
     from prereg.ledger import Ledger
-    path, round_ = sys.argv[1], sys.argv[2]
+    url, round_ = sys.argv[1], sys.argv[2]
     rng = random.Random(round_)
-    ledger = Ledger.open(path)
+    ledger = Ledger.open(url)
     batch = 0
     while True:
         size = rng.choice([1, 1, 2, 5, 20, 200])
@@ -343,18 +383,17 @@ KILLED_WRITER = """
 """
 
 
-def test_a_writer_killed_at_random_points_leaves_whole_appends(tmp_path):
-    path = tmp_path / "ledger.db"
-    Ledger.open(str(path)).close()
+def test_a_writer_killed_at_random_points_leaves_whole_appends(ledger_url):
+    Ledger.open(ledger_url).close()
     rng = random.Random(20260314)
     counts = []
     for round_ in range(5):
-        writer = child(KILLED_WRITER, str(path), str(round_), stdout=subprocess.PIPE, text=True)
+        writer = child(KILLED_WRITER, ledger_url, str(round_), stdout=subprocess.PIPE, text=True)
         assert writer.stdout.readline() == "appending\n"
         time.sleep(rng.uniform(0.0, 0.25))
         writer.send_signal(signal.SIGKILL)
         assert writer.wait(10) == -signal.SIGKILL
-        with Ledger.open(str(path)) as ledger:  # also recovers the WAL the dead writer left
+        with Ledger.open(ledger_url) as ledger:  # SQLite: also recovers the WAL the dead writer left
             report = ledger.verify()
             entries = list(ledger.entries())
         assert report.ok, report.reason

@@ -1,7 +1,10 @@
-"""The PostgreSQL backend against a real server: PREREG_TEST_POSTGRES_URL=postgresql://USER@HOST:PORT/DB.
+"""What is PostgreSQL's alone: its triggers, its advisory lock, its settings, moving a ledger to SQLite and back.
 
-Each test gets its own schema (through the connection's search_path), so tests never see each other's
-ledgers and nothing is left behind.
+Everything the two backends share (append, read, verify, tampering, concurrent and killed writers, JSONL) runs
+on both from test_ledger.py, test_ledger_adversarial.py and test_ledger_roundtrip.py. These tests need a server:
+PREREG_TEST_POSTGRES_URL=postgresql://USER@HOST:PORT/DB (`make test` starts one with tests/postgres_server.sh);
+without it they skip, or fail under REQUIRE_POSTGRES=1. Each test gets its own schema (the URL's search_path), so
+tests never see each other's ledgers and nothing is left behind.
 """
 
 from __future__ import annotations
@@ -12,55 +15,34 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from sqlalchemy import event
 
+from conftest import RawLedgerDb, postgres_options
 from prereg.ledger import Ledger
 
-PG_URL = os.environ.get("PREREG_TEST_POSTGRES_URL")
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(not PG_URL, reason="PREREG_TEST_POSTGRES_URL is not set"),
-]
-
-
-def libpq_url(url: str) -> str:
-    return "postgresql://" + url.split("://", 1)[1]
-
-
-def with_search_path(url: str, schema: str) -> str:
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query) + [("options", f"-csearch_path={schema}")]
-    url = urlunsplit(parts._replace(query=urlencode(query)))
-    # urlunsplit drops the "//" of a URL with no host (postgresql:///db, the local socket): put it back.
-    return url if parts.netloc else url.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def admin():
-    import psycopg
-
-    with psycopg.connect(libpq_url(PG_URL), autocommit=True) as conn:
-        yield conn
+def schema(postgres_schemas):
+    return postgres_schemas.new()
 
 
 @pytest.fixture
-def schema(admin):
-    name = f"prereg_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f"CREATE SCHEMA {name}")
-    yield name
-    admin.execute(f"DROP SCHEMA {name} CASCADE")
+def url(postgres_schemas, schema):
+    return postgres_schemas.url_of(schema)
 
 
 @pytest.fixture
-def url(schema):
-    return with_search_path(PG_URL, schema)
+def admin(postgres_schemas):
+    return postgres_schemas.admin
 
 
 @pytest.fixture
@@ -68,30 +50,6 @@ def ledger(url):
     with Ledger.open(url) as opened:
         opened.append_many([("window", "reg-a", {"step": i, "loss": 1 / (i + 1)}, f"run-{i % 2}") for i in range(8)])
         yield opened
-
-
-def sql(admin, schema: str, statement: str, params: tuple = ()):
-    admin.execute(f"SET search_path TO {schema}")
-    try:
-        return admin.execute(statement, params)
-    finally:
-        admin.execute("RESET search_path")
-
-
-def test_append_query_verify(ledger):
-    assert ledger.head()[0] == 8
-    assert ledger.count_by("reg-a", "window") == {"run-0": 4, "run-1": 4}
-    assert [e.seq for e in ledger.entries(ref="run-1", after_seq=2)] == [4, 6, 8]
-    assert ledger.reg_ids() == ["reg-a"]
-    report = ledger.verify(published_head=ledger.head()[1])
-    assert report.ok and report.entries == 8
-
-
-def test_create_false_without_a_ledger_is_invalid_input(url):
-    from prereg.errors import InvalidInput
-
-    with pytest.raises(InvalidInput, match="no prereg ledger"):
-        Ledger.open(url, create=False)
 
 
 @pytest.mark.parametrize(
@@ -106,37 +64,30 @@ def test_create_false_without_a_ledger_is_invalid_input(url):
         "INSERT INTO entries SELECT * FROM entries WHERE seq = 3 ON CONFLICT (seq) DO UPDATE SET kind = 'record'",
     ],
 )
-def test_update_delete_truncate_are_refused(ledger, admin, schema, statement):
+def test_update_delete_truncate_are_refused(ledger, url, statement):
     import psycopg
 
-    with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-        sql(admin, schema, statement)
-    assert ledger.verify().ok
+    with RawLedgerDb(url) as raw, pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+        raw.execute(statement)
+    assert ledger.count() == 8 and ledger.verify().ok
 
 
-def test_a_fork_fails_on_insert(ledger, admin, schema):
-    import psycopg
-
-    with pytest.raises(psycopg.errors.UniqueViolation, match="prev_head"):
-        sql(admin, schema, "INSERT INTO entries SELECT 99, kind, reg_id, ref, ts, body, prev_head, head "
-                           "FROM entries WHERE seq = 4")
-    assert ledger.verify().ok
+def test_url_forms_open_the_same_ledger(ledger, url):
+    driver_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    with Ledger.open(driver_url, create=False) as same:
+        assert same.head() == ledger.head()
 
 
-def test_an_edit_behind_the_triggers_is_caught(ledger, admin, schema):
-    sql(admin, schema, "ALTER TABLE entries DISABLE TRIGGER USER")
-    sql(admin, schema, "UPDATE entries SET body = replace(body, '\"step\":5', '\"step\":6') WHERE seq = 6")
-    report = ledger.verify()
-    assert (report.ok, report.first_bad) == (False, 6)
-
-
-def test_truncation_is_caught_against_a_published_head(ledger, admin, schema):
-    published = ledger.head()[1]
-    sql(admin, schema, "ALTER TABLE entries DISABLE TRIGGER USER")
-    sql(admin, schema, "DELETE FROM entries WHERE seq > 5")
-    assert ledger.verify().ok
-    report = ledger.verify(published_head=published)
-    assert (report.ok, report.first_bad) == (False, 6)
+def test_every_append_takes_the_advisory_lock_before_reading_the_head(ledger):
+    statements: list[str] = []
+    event.listen(ledger._backend.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    ledger.append("record", "reg-a", {})
+    ledger.append_many([("record", "reg-a", {"i": i}, None) for i in range(3)])
+    locks = [i for i, s in enumerate(statements) if "pg_advisory_xact_lock" in s]
+    reads = [i for i, s in enumerate(statements) if s.lstrip().startswith("SELECT entries.seq")]
+    inserts = [i for i, s in enumerate(statements) if s.lstrip().startswith("INSERT INTO entries")]
+    assert len(locks) == len(reads) == len(inserts) == 2
+    assert all(lock < read < insert for lock, read, insert in zip(locks, reads, inserts))
 
 
 def test_an_append_waits_for_the_advisory_lock(ledger, admin):
@@ -161,45 +112,77 @@ APPENDER = """
     from prereg.ledger import Ledger
     url, writer, go = sys.argv[1], sys.argv[2], sys.argv[3]
     ledger = Ledger.open(url)
+    print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.001)
-    for i in range(300):
+    for i in range(100):
         ledger.append("window", "reg-" + writer, {"writer": writer, "i": i})
     ledger.close()
 """
 
 
-def test_two_processes_appending_form_one_chain(url, tmp_path):
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_writers_form_one_chain_whatever_the_servers_default_isolation(postgres_schemas, schema, tmp_path, isolation):
+    """A server (or role, or database) whose default_transaction_isolation is not READ COMMITTED: under it the
+    append's snapshot would be taken by the lock statement before it waits, and the head read after would be stale."""
+    url = postgres_schemas.url_of(schema, default_transaction_isolation=isolation)
     Ledger.open(url).close()
     go = tmp_path / "go"
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    code = textwrap.dedent(APPENDER)
     writers = [
-        subprocess.Popen([sys.executable, "-c", textwrap.dedent(APPENDER), url, name, str(go)], cwd=REPO, env=env)
-        for name in ("a", "b")
+        subprocess.Popen([sys.executable, "-c", code, url, name, str(go)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         text=True)
+        for name in ("a", "b", "c")
     ]
-    time.sleep(0.5)
+    for writer in writers:
+        assert writer.stdout.readline() == "ready\n"
     go.touch()
     for writer in writers:
-        assert writer.wait(60) == 0
+        assert writer.wait(120) == 0, "an append failed under contention"
     with Ledger.open(url) as ledger:
         report = ledger.verify()
         entries = list(ledger.entries())
-    assert report.ok and report.entries == 600
-    for name in ("a", "b"):
-        assert [e.data["i"] for e in entries if e.data["writer"] == name] == list(range(300))
+    assert report.ok and report.entries == 300
+    for name in ("a", "b", "c"):
+        assert [e.data["i"] for e in entries if e.data["writer"] == name] == list(range(100))
 
 
-def test_export_from_postgres_import_into_sqlite_and_back(ledger, tmp_path, admin):
+def test_reg_ids_keep_code_point_order_in_a_database_with_a_linguistic_collation(postgres_url, admin):
+    """Team servers are often created with en_US.UTF-8, where ORDER BY would put "a" before "B"; SQLite never does."""
+    import psycopg
+
+    name = f"prereg_test_icu_{uuid.uuid4().hex[:12]}"
+    try:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+    except psycopg.errors.InsufficientPrivilege as error:
+        pytest.skip(f"the test role may not create databases: {error}")
+    try:
+        parts = urlsplit(postgres_url)
+        url = urlunsplit(parts._replace(path="/" + name))
+        url = url if parts.netloc else url.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+        with Ledger.open(url) as ledger:
+            names = ["b", "B", "a", "A", "_x", "é", "e"]
+            ledger.append_many([("freeze", n, {}, None) for n in names])
+            assert ledger.reg_ids() == sorted(names)
+    finally:
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_export_from_postgres_import_into_sqlite_and_back(ledger, tmp_path, postgres_schemas):
     exported = io.StringIO()
     ledger.export_jsonl(exported)
     with Ledger.import_jsonl(io.StringIO(exported.getvalue()), str(tmp_path / "copy.db")) as copy:
         assert copy.head() == ledger.head()
         back = io.StringIO()
         copy.export_jsonl(back)
-    other = f"prereg_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f"CREATE SCHEMA {other}")
-    try:
-        with Ledger.import_jsonl(io.StringIO(back.getvalue()), with_search_path(PG_URL, other)) as again:
-            assert again.head() == ledger.head() and again.verify().ok
-    finally:
-        admin.execute(f"DROP SCHEMA {other} CASCADE")
+    assert back.getvalue() == exported.getvalue()
+    other = postgres_schemas.url_of(postgres_schemas.new())
+    with Ledger.import_jsonl(io.StringIO(back.getvalue()), other) as again:
+        assert again.head() == ledger.head() and again.verify().ok
+        assert list(again.entries()) == list(ledger.entries())
+
+
+def test_the_url_helper_keeps_the_socket_form():
+    assert postgres_options("postgresql:///db", search_path="s").startswith("postgresql:///db?options=")
+    assert "port=5433" in postgres_options("postgresql://h:5433/db?port=5433", search_path="s")

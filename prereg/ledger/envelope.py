@@ -34,6 +34,9 @@ def check_item(kind: object, reg_id: object, data: object, ref: object) -> None:
     for field, value in (("reg_id", reg_id), ("ref", ref)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ValueError(f"entry {field} {value!r} must be a non-empty string or None")
+        if value is not None and "\x00" in value:
+            # PostgreSQL's text cannot hold NUL: refused on every backend, so any ledger can move to PostgreSQL.
+            raise ValueError(f"entry {field} {value!r} contains a NUL character, which no ledger backend stores")
     if not isinstance(data, dict):
         raise ValueError(f"entry data must be a dict, got {type(data).__name__}")
 

@@ -40,7 +40,11 @@ _GUARDS = [_GUARD_FUNCTION] + [
 class PostgresBackend:
     def __init__(self, url: str):
         driver_url = "postgresql+psycopg://" + url.split("://", 1)[1]
-        self.engine = create_engine(driver_url, pool_pre_ping=True)
+        # READ COMMITTED, explicitly, whatever the server's (or role's, or database's) default_transaction_isolation:
+        # an append reads the head in a statement after the lock statement, so it sees the last writer's commit.
+        # Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot is taken by the lock statement itself,
+        # before it waits, and concurrent appends would fail on a stale head. Reads ask for REPEATABLE READ below.
+        self.engine = create_engine(driver_url, pool_pre_ping=True, isolation_level="READ COMMITTED")
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

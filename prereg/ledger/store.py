@@ -141,10 +141,14 @@ class Ledger:
             return {ref: count for ref, count in conn.execute(query)}
 
     def reg_ids(self) -> list[str]:
-        """Every registration id that has an entry, sorted."""
-        query = select(ENTRIES.c.reg_id).where(ENTRIES.c.reg_id.is_not(None)).distinct().order_by(ENTRIES.c.reg_id)
+        """Every registration id that has an entry, in code point order.
+
+        Sorted here, not by ORDER BY: PostgreSQL would sort by the database's collation (en_US puts "a" before
+        "B"), SQLite by code point; the same ledger must list the same way on both.
+        """
+        query = select(ENTRIES.c.reg_id).where(ENTRIES.c.reg_id.is_not(None)).distinct()
         with self._backend.read() as conn:
-            return list(conn.execute(query).scalars())
+            return sorted(conn.execute(query).scalars())
 
     def verify(self, *, published_head: str | None = None) -> VerifyReport:
         """Recompute the whole chain and every envelope; name the first bad entry.
@@ -204,8 +208,8 @@ def _initialize(backend: Backend, url: str, *, create: bool, name: str) -> str:
     if meta is None:
         if not create:
             raise InvalidInput("no prereg ledger here", where=url, fix="check the URL, or create the ledger")
-        if not name:
-            raise ValueError(f"ledger name {name!r} must be a non-empty string")
+        if not name or not isinstance(name, str) or "\x00" in name:
+            raise ValueError(f"ledger name {name!r} must be a non-empty string without NUL characters")
         with backend.write() as conn:
             meta = _read_meta(conn, url)  # another process may have created it while we waited
             if meta is None:
