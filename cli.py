@@ -224,17 +224,45 @@ def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption)
 
 @app.command()
 def report(reg_id: str, out_dir: Path = typer.Option(None, "--out", help="directory (default reports/<id>)"),
+           compare: str = typer.Option(None, "--compare", metavar="OTHER_ID",
+                                       help="the same question registered with the other protocol.schedule: both cost splits and verdicts side by side"),
            ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
-    """A Markdown and HTML report with plots."""
+    """A Markdown and HTML report with plots, and what the ladder cost against its ceiling."""
     with verb(as_json):
         from engine.report import write_report
 
         with open_ledger(ledger) as store:
-            paths = write_report(store, reg_id, out_dir or Path("reports") / reg_id)
-        if emit(as_json, {"id": reg_id, "files": [str(p) for p in paths]}):
+            paths = write_report(store, reg_id, out_dir or Path("reports") / reg_id, compare=compare)
+            summary = None
+            if compare:
+                comparison = json.loads((paths[0].parent / "compare.json").read_text(encoding="utf-8"))
+                summary = {"same_verdict": comparison["same_verdict"], "why": comparison["why"],
+                           "sides": [{"id": s["id"], "schedule": s["schedule"], "gpu_s": s["cost"]["gpu_s"], "split": s["cost"]["split"],
+                                      "share_of_ceiling": s["cost"]["share_of_ceiling"], "outcome": s["outcome"], "rule": s["rule"],
+                                      "primary": s["primary"]} for s in comparison["sides"]]}
+        if emit(as_json, {"id": reg_id, "files": [str(p) for p in paths], **({"compare": summary} if summary else {})}):
             return
         for path in paths:
             out.print(esc(path))
+        if summary:
+            print_comparison(summary)
+
+
+def print_comparison(summary: dict[str, Any]) -> None:
+    from engine.report_costs import PARTS
+
+    a, b = summary["sides"]
+    table = Table("device-s", f"{esc(a['id'])} ({a['schedule']})", f"{esc(b['id'])} ({b['schedule']})", title="same question, two schedules")
+    for name, label in PARTS.items():
+        if name in a["split"] or name in b["split"]:
+            table.add_row(label, f"{a['split'].get(name, 0.0):.1f}", f"{b['split'].get(name, 0.0):.1f}")
+    table.add_row("total (of the ceiling)", *(f"{s['gpu_s']:.1f} ({100 * s['share_of_ceiling']:.1f}%)" for s in (a, b)))
+    table.add_row("verdict", *(esc(f"{s['outcome']} (rule {s['rule']})" if s["outcome"] else "no rule fired") for s in (a, b)))
+    table.add_row(f"read {esc(a['primary']['read'] or '—')}", *(fmt(s["primary"]["value"]) for s in (a, b)))
+    out.print(table)
+    same = summary["same_verdict"]
+    out.print("[bold green]both reach the same verdict[/]" if same else "[bold red]the verdicts differ[/]" if same is False
+              else f"[yellow]not comparable yet[/]: {esc(summary['why'])}")
 
 
 # --- audit ----------------------------------------------------------------------------------------------------

@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# One command on the lent H200: the switch bench (issue 3), then a time-budgeted slice of the
-# molmo2-perf-pass1-h200 ladder; the ledger comes back under $OUT and is committed here.
-#   PART=bench|ladder  BUDGET_S=seconds for the ladder slice
+# Commands on the lent H200, by PART:
+#   bench   the switch bench (issue 3), then a time-budgeted slice of the ladder REG
+#   ladder  a time-budgeted slice of the ladder REG (BUDGET_S seconds; default molmo2-perf-pass1-h200)
+#   peer    the GPU tests of the execution options, then bench/peer_molmo2.py over OURS (arms) and PEER (chunks)
+#   final   peer, then ladder
+# Whatever touches ledger.db brings it back under $OUT, to be committed here.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120
+REG=${REG:-molmo2-perf-pass1-h200}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
-if [ "${PART:-ladder}" = bench ]; then
-  python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
-fi
-python3 cli.py run molmo2-perf-pass1-h200 --budget-s "${BUDGET_S:-400}" --ledger ledger.db 2>&1 | tee "$OUT/run.log"
+case "${PART:-ladder}" in
+  peer|final)
+    python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+    python3 bench/peer_molmo2.py --profile h200-4b --ours "${OURS:-head,fast-c2,fast-c1}" --peer-chunks "${PEER:-6}" \
+      --profile-arm "${PROFILE_ARM:-}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --out "$OUT" > "$OUT/peer.log" 2>&1
+    grep -A12 '^conditions' "$OUT/peer.log"
+    [ "${PART}" = peer ] && exit 0 ;;
+  bench)
+    python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
+esac
+python3 cli.py run "$REG" --budget-s "${BUDGET_S:-400}" --ledger ledger.db > "$OUT/run.log" 2>&1
+tail -5 "$OUT/run.log"
 python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
 cp ledger.db "$OUT/ledger.db"
-python3 cli.py audit show molmo2-perf-pass1-h200 --ledger ledger.db | tail -25
+python3 cli.py audit show "$REG" --ledger ledger.db | tail -15

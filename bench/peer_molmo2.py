@@ -12,7 +12,11 @@ plus attention 12 x layers x heads x head_dim x (sum over rows of prefix length^
 (QK^T and AV, forward 1 + backward 2). The head: 6 x hidden x vocab per loss-bearing token for ours.
 MFU = FLOPs / s_per_step / measured bf16 matmul rate.
 
-    python bench/peer_molmo2.py --profile h200-4b [--steps 6 --warmup 2] [--skip-peer]
+Our arms (OURS below) differ from HEAD only by switches and run config: FlexAttention for the prefix, compiled
+decoder blocks, length-bucketed steps, fewer backward chunks (engine/molmo2/execution.py). Each arm loads its own
+runner (its own pool: bucketing regroups the same 48 samples), so every arm and the peer see the same samples.
+
+    python bench/peer_molmo2.py --profile h200-4b --ours head,fast-c2 --peer-chunks 6 [--warmup 4 --cycles 3]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.peer import transformers_config, transformers_inputs  # noqa: E402
+from engine.molmo2.model import Molmo2Model  # noqa: E402
 from engine.molmo2.train import autocast, synchronize  # noqa: E402
 from engine.molmo2.workload import Molmo2Runner  # noqa: E402
 
@@ -56,12 +61,15 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
 
 
 def step_flops(runner: Molmo2Runner) -> float:
+    """Model FLOPs of the pool's average step, on useful tokens (the module docstring says what counts)."""
     config = runner.config
     t = config.text
-    trainable = sum(p.numel() for n, p in runner.model.named_parameters() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f.")))
-    vision = sum(p.numel() for n, p in runner.model.named_parameters() if n.startswith("model.vision_backbone."))
+    with torch.device("meta"):  # parameter counts only
+        params = dict(Molmo2Model(config).named_parameters())
+    trainable = sum(p.numel() for n, p in params.items() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f.")))
+    vision = sum(p.numel() for n, p in params.items() if n.startswith("model.vision_backbone."))
     total = 0.0
-    for step in runner.pool[:1]:
+    for step in runner.pool:
         for chunk in step.chunks:
             prefix = chunk.prefix.attention_mask.sum(1).double()
             suffix = chunk.suffix.attention_mask.sum(1).double()
@@ -71,19 +79,35 @@ def step_flops(runner: Molmo2Runner) -> float:
             loss_tokens = float((chunk.suffix.labels >= 0).sum())
             head = 6 * t.hidden_size * (t.vocab_size + config.fast_vocab_size) * loss_tokens
             total += 6 * trainable * tokens + 2 * vision * patches + attention + head
-    return total
+    return total / len(runner.pool)
 
 
-def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> list[float]:
+def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[float], list[float]]:
+    """(warm-up step times, timed step times); a compiled arm's compilations land in the warm-up."""
     times = []
     for index in range(warmup + repeats):
         synchronize(device)
         start = time.perf_counter()
         step_fn(steps[index % len(steps)])
         synchronize(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
+        times.append(time.perf_counter() - start)
+    return times[:warmup], times[warmup:]
+
+
+def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
+    """One pass over the pool under torch.profiler: the top kernels by device time, printed and saved."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for step in steps:
+            step_fn(step)
+        synchronize(device)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "top_ops.txt").write_text(table)
+    print(table, flush=True)
 
 
 def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
@@ -122,68 +146,132 @@ def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
     return model, step, inputs
 
 
+ALL_SIX = ("suffix_cudnn", "windowed_vram_peak", "device_assert_patch_count", "branchless_extension_lookup",
+           "masked_loss_sums", "no_embed_clone")
+FAST = {"prefix_attention": "flex", "compile": True, "bucket_by_length": True}
+# name -> (run config on top of the base, switches). The base is seed 000's: batch 12, cameras {1, 2}, max-crops 1.
+OURS = {
+    "head": ({"backward_chunks": 6}, ()),
+    "six": ({"backward_chunks": 6}, ALL_SIX),
+    "six+flex": ({"backward_chunks": 6, "prefix_attention": "flex"}, ALL_SIX),
+    "six+flex+compile": ({"backward_chunks": 6, "prefix_attention": "flex", "compile": True}, ALL_SIX),
+    "fast-c6": ({"backward_chunks": 6, **FAST}, ALL_SIX),
+    "fast-c3": ({"backward_chunks": 3, **FAST}, ALL_SIX),
+    "fast-c2": ({"backward_chunks": 2, **FAST}, ALL_SIX),
+    "fast-c1": ({"backward_chunks": 1, **FAST}, ALL_SIX),
+}
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+
+
+def release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", default="h200-4b", choices=sorted(PROFILES))
     parser.add_argument("--batch", type=int, default=12)
-    parser.add_argument("--chunks", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--ours", default="head,fast-c2", help=f"comma-separated, from {sorted(OURS)}")
+    parser.add_argument("--peer-chunks", default="6", help="comma-separated chunk counts for the peer ('' for none)")
+    parser.add_argument("--warmup", type=int, default=4, help="warm-up steps (a compiled run compiles each new shape here)")
+    parser.add_argument("--cycles", type=int, default=3, help="timed passes over the 4-step pool (3 = 12 timed steps)")
     parser.add_argument("--peer-attention", default="sdpa")
-    parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
+    unknown = set(args.ours.split(",")) - set(OURS)
+    if unknown:
+        raise SystemExit(f"--ours: unknown {sorted(unknown)}; allowed: {sorted(OURS)}")
 
-    runner = Molmo2Runner(PROFILES[args.profile], {"batch": args.batch, "backward_chunks": args.chunks, "camera_counts": [1, 2], "max_crops": 1}, seed=0)
-    runner.load()
-    device = runner.device
+    profile = PROFILES[args.profile]
+    device = torch.device("cuda" if profile.device == "cuda" else "cpu")
     ceiling = matmul_ceiling(device)
-    flops = step_flops(runner)
     import transformers
 
     conditions = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
-        "transformers": transformers.__version__, "batch": args.batch, "backward_chunks": args.chunks,
-        "warmup": args.warmup, "repeats": args.steps, "dtype": "fp32 master, bf16 autocast", "peer_attention": args.peer_attention,
-        "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None, "model_flops_per_step": flops,
+        "transformers": transformers.__version__, "batch": args.batch, "camera_counts": [1, 2], "max_crops": 1,
+        "warmup": args.warmup, "timed_steps": None, "dtype": "fp32 master weights, bf16 autocast, fused AdamW",
+        "peer_attention": args.peer_attention, "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None,
+        "s_per_step": "mean over whole passes of the pool (every arm sees the same pool of samples); median beside it",
     }
     rows = []
 
-    def record(name, times, peak):
-        s = statistics.median(times)
-        rows.append({"name": name, "s_per_step": s, "tokens_per_s": sum(step.useful_tokens for step in runner.pool) / len(runner.pool) / s,
-                     "mfu": (flops / s / ceiling) if ceiling else None, "peak_gib": peak, "times": times})
-        print(json.dumps(rows[-1]), flush=True)
+    def record(name: str, runner: Molmo2Runner, times, peak, load_s: float, error: str | None = None):
+        warm, times = times if times else (None, None)
+        retries = torch.cuda.memory_stats().get("num_alloc_retries") if device.type == "cuda" else None
+        row = {"name": name, "load_s": load_s, "peak_gib": peak, "alloc_retries": retries, "error": error, "warmup_times": warm, "times": times}
+        if times:
+            flops = step_flops(runner)
+            mean = statistics.fmean(times)
+            tokens = statistics.fmean(step.useful_tokens for step in runner.pool)
+            padded = statistics.fmean(sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks) for step in runner.pool)
+            row |= {"s_per_step": mean, "median_s": statistics.median(times), "tokens_per_s": tokens / mean,
+                    "padding": 1 - tokens / padded, "flops_per_step": flops, "mfu": flops / mean / ceiling if ceiling else None}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
 
-    for name, switches in [("ours HEAD", ()), ("ours all six", ("suffix_cudnn", "windowed_vram_peak", "device_assert_patch_count",
-                                                                   "branchless_extension_lookup", "masked_loss_sums", "no_embed_clone"))]:
+    def time_ours(name: str) -> None:
+        extra, switches = OURS[name]
+        start = time.perf_counter()
+        runner = Molmo2Runner(profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, **extra}, seed=0)
+        runner.load()
         runner.set_switches(switches)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        times = time_steps(lambda step: runner.trainer.step(step), runner.pool, args.warmup, args.steps, device)
-        record(name, times, torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        load_s = time.perf_counter() - start
+        release(device)
+        steps = args.cycles * len(runner.pool)
+        conditions["timed_steps"] = steps
+        try:
+            times = time_steps(lambda step: runner.trainer.step(step), runner.pool, args.warmup, steps, device)
+            record(f"ours {name}", runner, times, peak_gib(device), load_s)
+            if name == args.profile_arm:
+                profile_pass(lambda step: runner.trainer.step(step), runner.pool, device, Path(args.out) / f"profile_{name}")
+        except torch.OutOfMemoryError as error:
+            record(f"ours {name}", runner, None, peak_gib(device), load_s, f"OutOfMemoryError: {str(error).splitlines()[0]}")
+        del runner
+        release(device)
 
-    if not args.skip_peer:
-        runner.model.to("cpu")
-        runner.trainer = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+    def time_peer(chunks: int) -> None:
+        start = time.perf_counter()
+        runner = Molmo2Runner(profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}, seed=0)
+        runner.load_data()  # the same pool as our unbucketed arms; the peer builds its own model
+        name = f"transformers {transformers.__version__} Molmo2 ({args.peer_attention}, {chunks} chunks)"
         model, step, inputs = peer_runner(runner, device, args.peer_attention)
-        times = time_steps(step, inputs, args.warmup, args.steps, device)
-        record(f"transformers {transformers.__version__} Molmo2 ({args.peer_attention})", times,
-               torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        load_s = time.perf_counter() - start
+        release(device)
+        try:
+            times = time_steps(step, inputs, args.warmup, args.cycles * len(inputs), device)
+            record(name, runner, times, peak_gib(device), load_s)
+        except torch.OutOfMemoryError as error:
+            record(name, runner, None, peak_gib(device), load_s, f"OutOfMemoryError: {str(error).splitlines()[0]}")
+        del model, step, inputs
+        release(device)
+
+    for name in args.ours.split(","):
+        time_ours(name)
+    for chunks in [int(c) for c in args.peer_chunks.split(",") if c]:
+        time_peer(chunks)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"peer_molmo2_{args.profile}.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
     print("\nconditions: " + json.dumps(conditions))
-    print(f"\n{'':44} {'s/step':>8} {'tok/s':>8} {'MFU':>6} {'peak GiB':>9}")
+    peer = next((r for r in rows if r["name"].startswith("transformers") and r.get("s_per_step")), None)
+    print(f"\n{'':52} {'s/step':>7} {'median':>7} {'tok/s':>7} {'pad':>5} {'MFU':>6} {'peak GiB':>8} {'vs peer':>7}")
     for row in rows:
+        if not row.get("s_per_step"):
+            print(f"{row['name']:52} {row['error']}")
+            continue
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "—"
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "—"
-        print(f"{row['name']:44} {row['s_per_step']:8.3f} {row['tokens_per_s']:8.0f} {mfu:>6} {peak:>9}")
+        ratio = f"{peer['s_per_step'] / row['s_per_step']:.2f}x" if peer else "—"
+        print(f"{row['name']:52} {row['s_per_step']:7.3f} {row['median_s']:7.3f} {row['tokens_per_s']:7.0f} {row['padding']:5.1%} {mfu:>6} {peak:>8} {ratio:>7}")
 
 
 if __name__ == "__main__":

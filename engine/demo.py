@@ -2,11 +2,14 @@
 
 The demo works on a copy of the lab's ledger (ledger.db, where molmo2-perf-pass1-tiny was frozen before any
 data) under reports/demo/, so the committed record is never touched: freeze (a no-op: it is already frozen),
-the oracle gate and the ladder, the verdict, and the audit.
+the oracle gate and the ladder, the verdict, and the audit. With PREREG_DEMO_COMPARE=1 it then runs the same
+question under the other schedule (molmo2-perf-pass1-tiny-interleaved: one process and one model load for the
+rungs, instead of seed 000's fresh process per rung) and reports both ladders' costs and verdicts side by side.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -17,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRATION = "registrations/molmo2-perf-pass1-tiny.toml"
 REG_ID = "molmo2-perf-pass1-tiny"
+TWIN = "registrations/molmo2-perf-pass1-tiny-interleaved.toml"
+TWIN_ID = "molmo2-perf-pass1-tiny-interleaved"
 
 
 def prereg(*args: str, ledger: Path) -> None:
@@ -42,7 +47,14 @@ def main() -> None:
     prereg("run", REG_ID, ledger=ledger)
     prereg("verdict", REG_ID, ledger=ledger)
     prereg("audit", "show", REG_ID, ledger=ledger)
-    prereg("report", REG_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
+    if os.environ.get("PREREG_DEMO_COMPARE") == "1":
+        # The same question, interleaved: its own oracle gate and ladder, then both ladders' costs side by side.
+        prereg("freeze", TWIN, ledger=ledger)
+        prereg("run", TWIN_ID, ledger=ledger)
+        prereg("verdict", TWIN_ID, ledger=ledger)
+        prereg("report", REG_ID, "--compare", TWIN_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
+    else:
+        prereg("report", REG_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
     print(f"\ndemo finished in {time.monotonic() - start:.0f} s · report: {(work / 'report' / 'report.html').relative_to(ROOT)}")
 
 

@@ -5,6 +5,8 @@ cannot honour (3), a ledger that fails verification (4), a second run of the sam
 Resumes: runs found without an end are recorded `interrupted` and their rungs re-run from scratch; finished
 rungs are never re-run; oracles with results are not re-run. Kill lines' contingencies drop items and the
 affected rungs re-run primed (C -> C'). The cost ceiling is projected before each rung.
+A profile of several processes runs each rung (and only the rungs: the oracle gate is one process) under
+torchrun, which forwards the ladder's signals — SIGTERM, SIGINT and the budget's SIGUSR1 — to every rank.
 """
 
 from __future__ import annotations
@@ -35,14 +37,35 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def check_profile(profile: Profile) -> None:
-    if profile.device == "cpu":
-        return
+    if profile.device == "cpu" and profile.world_size == 1:
+        return  # nothing to check (and no torch import in the ladder process)
     import torch
 
+    if profile.world_size > 1 and torch.torch_version.TorchVersion(torch.__version__) < (2, 9):
+        raise Refused(f"profile {profile.name} runs {profile.world_size} processes under torchrun, which forwards the "
+                      f"budget's SIGUSR1 to them only from torch 2.9 (--signals-to-handle); this is torch {torch.__version__}",
+                      fix="upgrade torch, or register a one-process profile")
+    if profile.device == "cpu":
+        return
     if not torch.cuda.is_available():
         raise Refused(f"profile {profile.name} needs CUDA and this machine has none", fix="run it on a machine with the GPUs it names, or register a cpu-tiny variant")
     if torch.cuda.device_count() < profile.gpus:
         raise Refused(f"profile {profile.name} needs {profile.gpus} GPUs; this machine has {torch.cuda.device_count()}")
+
+
+# torchrun handles (and forwards to every rank) only the signals it is told to; SIGUSR1 (the time budget) would
+# otherwise kill the launcher outright and orphan its ranks.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGUSR1"
+
+
+def rung_command(profile: Profile, rung_args: list[str]) -> list[str]:
+    """The `python -m ...` arguments of a rung process: `engine.rung` itself, or torchrun starting world_size of
+    them on this host (one per GPU on CUDA; never restarted: a restarted rank would re-run the rung)."""
+    if profile.world_size == 1:
+        return ["engine.rung", *rung_args]
+    return ["torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(profile.world_size),
+            "--max-restarts", "0", "--signals-to-handle", FORWARDED_SIGNALS,
+            "-m", "engine.rung", *rung_args, "--device", profile.device]
 
 
 def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
@@ -71,8 +94,9 @@ def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
     return marked
 
 
-def _done(planned: PlannedRung, runs: list[RungRun]) -> tuple[bool, str]:
-    """Whether a planned rung needs no (more) running, and the label its next run would carry."""
+def _done(planned: PlannedRung, runs: list[RungRun], until_pass: bool = False) -> tuple[bool, str]:
+    """Whether a planned rung needs no (more) running, and the label its next run would carry. In an until-pass
+    ladder a failed run is final too: its pass rule judges it (rc != 0) and the ladder moves on."""
     own = [r for r in runs if r.rung in (planned.id, primed(planned.id)) and not r.external and r.status != "interrupted"]
     recorded = [r for r in runs if r.rung == planned.id and r.external and r.flagged is None and r.status == "finished"]
     matching = [r for r in own if sorted(r.items) == sorted(planned.items)]
@@ -80,6 +104,8 @@ def _done(planned: PlannedRung, runs: list[RungRun]) -> tuple[bool, str]:
         return True, planned.id
     if any(r.status in ("killed", "over-ceiling") and r.ended_by and ("kill" in r.ended_by or "ceiling" in r.ended_by) for r in matching):
         return True, planned.id  # ended by a kill line or the ceiling: final for these items
+    if until_pass and any(r.status == "failed" for r in matching):
+        return True, planned.id
     stale = [r for r in own if sorted(r.items) != sorted(planned.items)]
     return False, primed(planned.id) if stale else planned.id
 
@@ -89,7 +115,7 @@ def pending_rungs(reg: Registration, state: RegistrationState) -> list[tuple[Pla
     for planned in plan_ladder(reg, set(state.dropped())):
         if not planned.runs:
             continue
-        done, label = _done(planned, state.runs)
+        done, label = _done(planned, state.runs, reg.protocol.kind == "until_pass")
         if not done:
             out.append((planned, label))
     return out
@@ -210,7 +236,7 @@ class Ladder:
         dropped = state.dropped()
         table = Table("rung", "declared", "will run", "note", title="the plan that will run")
         for planned in plan_ladder(reg, set(dropped)):
-            done, label = _done(planned, state.runs) if planned.runs else (False, planned.id)
+            done, label = _done(planned, state.runs, reg.protocol.kind == "until_pass") if planned.runs else (False, planned.id)
             note = planned.skip or ("done" if done else ("primed: re-run without dropped items" if label != planned.id else ""))
             table.add_row(label, ", ".join(planned.declared) or "—", ", ".join(planned.items) or "—" if planned.runs else "not run", note)
         self.console.print(table)
@@ -270,16 +296,16 @@ class Ladder:
                 stopped = "budget"
                 self.say(f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume")
                 break
-            args = ["engine.rung", "--ledger", self.child_ledger_url(), "--reg", self.reg_id]
+            args = ["--ledger", self.child_ledger_url(), "--reg", self.reg_id]
             for planned, label in batch:
-                args += ["--run", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
+                args += ["--run-spec", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
             if deadline is not None:
                 args += ["--deadline-s", f"{deadline:.3f}"]
             self.say(f"[bold]rung {', '.join(label for _, label in batch)}[/]" + (" (interleaved)" if len(batch) > 1 else "")
                      + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
             kills_before = len(state.kills)
-            run_ids = [a.split("=", 1)[0] for a in args[args.index("--run"):] if "=" in a]
-            rc = self.run_child(args)
+            run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec"):] if "=" in a]
+            rc = self.run_child(rung_command(get_workload(reg.workload).profiles[reg.profile], args))
             if self.stopping == "budget":
                 stopped = "budget"
                 break
@@ -292,6 +318,13 @@ class Ladder:
             for kill in state.kills[kills_before:]:
                 drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
                 self.say(f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}")
+            failed = [r for r in state.runs if r.run_id in run_ids and r.status == "failed"]
+            if failed and reg.protocol.kind != "until_pass":
+                # Re-running it at once would fail the same way, for ever: stop, say why; `prereg run` retries it.
+                for run in failed:
+                    self.say(f"[bold red]rung {run.rung} failed[/]: {(run.ended_by or {}).get('error', 'see the rung process output')}")
+                stopped = "failed"
+                break
             cost = cost_summary(reg, state)
             if reg.cost.on_ceiling == "finish-rung" and cost["gpu_s"] >= cost["ceiling_gpu_s"]:
                 stopped = "ceiling"

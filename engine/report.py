@@ -1,13 +1,16 @@
 """`prereg report ID`: Markdown and HTML with plots a person would rather look at than read.
 
 Plots (matplotlib, Agg): step-time distribution per rung, the overlay oracle's two loss curves, memory per
-window, loss per window, and the cost split against the ceiling. Everything comes from the ledger.
+window, loss per window, and the cost split against the ceiling (engine/report_costs.py: model load, oracle gate,
+steps, process start and teardown; with `--compare`, the same question under the other schedule beside it).
+Everything comes from the ledger.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,26 +102,6 @@ def plot_overlay(observed: dict[str, Any], oracle_id: str, path: Path) -> bool:
     return True
 
 
-def plot_cost(cost: dict[str, Any], path: Path) -> bool:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 1.9))
-    left = 0.0
-    for index, (name, value) in enumerate(cost["split"].items()):
-        if value > 0:
-            ax.barh([0], [value], left=left, color=COLOURS[index % len(COLOURS)], label=f"{name} {value:.1f}")
-            left += value
-    ax.axvline(cost["ceiling_gpu_s"], color="black", linestyle="--", label=f"ceiling {cost['ceiling_gpu_s']:.0f}")
-    ax.set_yticks([])
-    ax.set_xlabel("device-seconds")
-    ax.set_xlim(0, max(cost["ceiling_gpu_s"], left) * 1.05)
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-    ax.set_title("cost against the ceiling")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "—"
@@ -127,7 +110,8 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def markdown(verdict: dict[str, Any], show: dict[str, Any], images: list[tuple[str, str]]) -> str:
+def markdown(verdict: dict[str, Any], show: dict[str, Any], images: list[tuple[str, str]], cost_lines: list[str] | None = None,
+             compare_lines: list[str] | None = None) -> str:
     lines = [f"# {verdict['registration']} — {show['title']}", ""]
     if verdict["post_hoc"]:
         lines += [f"> **POST-HOC**: {'; '.join(verdict['post_hoc'])}", ""]
@@ -158,22 +142,31 @@ def markdown(verdict: dict[str, Any], show: dict[str, Any], images: list[tuple[s
     lines += ["", "## Expectations", "", "| n | claim | confidence | result |", "|---|---|---|---|"]
     for e in verdict["expectations"]:
         lines.append(f"| {e['n']}{e.get('part') or ''} | {e['claim']} | {e['confidence']} | {e['result']}{(' — ' + e['why']) if e['why'] else ''} |")
-    cost = verdict["cost"]
-    lines += ["", "## Cost", "", f"{cost['gpu_s']:.1f} device-seconds of a {cost['ceiling_gpu_s']:.0f} ceiling"
-              + (" — **OVERRUN**" if cost["overrun"] else "") + ": " + ", ".join(f"{k} {v:.1f}" for k, v in cost["split"].items()), ""]
+    if cost_lines is None:
+        cost = verdict["cost"]
+        cost_lines = ["## Cost", "", f"{cost['gpu_s']:.1f} device-seconds of a {cost['ceiling_gpu_s']:.0f} ceiling"
+                      + (" — **OVERRUN**" if cost["overrun"] else "") + ": " + ", ".join(f"{k} {v:.1f}" for k, v in cost["split"].items()), ""]
+    lines += [""] + cost_lines + (compare_lines or [])
+    if images:
+        lines += ["## Plots", ""]
     for title, name in images:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
     return "\n".join(lines)
 
 
-def write_report(ledger: Ledger, reg_id: str, out_dir: Path) -> list[Path]:
+def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None = None) -> list[Path]:
+    """The report of reg_id; with `compare`, also the same question under the other registration's schedule, side
+    by side (refused with InvalidInput, before anything is written, unless the two ask the same question)."""
+    from engine.report_costs import compare_markdown, compare_schedules, cost_markdown, ladder_cost, plot_cost_split
     from prereg.audit import audit_show
 
+    comparison = compare_schedules(ledger, reg_id, compare) if compare else None
     out_dir.mkdir(parents=True, exist_ok=True)
     state = load_state(ledger, reg_id)
     verdict = compute_verdict(ledger, reg_id)
     show = audit_show(ledger, reg_id)
     reg = state.registration()
+    cost = ladder_cost(ledger, reg_id, state)
     windows = _windows_by_rung(state, verdict)
     images: list[tuple[str, str]] = []
     if plot_step_times(windows, reg.protocol.discard_first, out_dir / "step_time.png"):
@@ -185,14 +178,46 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path) -> list[Path]:
     for oracle in state.oracles.values():
         if oracle.kind == "curve_overlay" and plot_overlay(oracle.observed, oracle.oracle, out_dir / f"overlay_{oracle.oracle}.png"):
             images.append((f"Oracle {oracle.oracle}: loss-curve overlay", f"overlay_{oracle.oracle}.png"))
-    if plot_cost(verdict["cost"], out_dir / "cost.png"):
-        images.append(("Cost against the ceiling", "cost.png"))
-    text = markdown(verdict, show, images)
+    written = [out_dir / "cost.png"] if plot_cost_split([(reg_id, cost)], out_dir / "cost.png") else []
+    cost_lines = cost_markdown(cost, "cost.png" if written else None)
+    compare_lines = None
+    if comparison is not None:
+        sides = [(f"{side['id']}\n({side['schedule']})", side["cost"]) for side in comparison["sides"]]
+        if plot_cost_split(sides, out_dir / "cost_compare.png"):
+            written.append(out_dir / "cost_compare.png")
+        compare_lines = compare_markdown(comparison, "cost_compare.png" if out_dir / "cost_compare.png" in written else None)
+        (out_dir / "compare.json").write_text(json.dumps(comparison, indent=1, default=str), encoding="utf-8")
+        written.append(out_dir / "compare.json")
+    compare_lines = (compare_lines or []) + memory_lines(state)
+    text = markdown(verdict, show, images, cost_lines, compare_lines)
     (out_dir / "report.md").write_text(text, encoding="utf-8")
     page = _html(text)
     (out_dir / "report.html").write_text(page, encoding="utf-8")
     (out_dir / "verdict.json").write_text(json.dumps(verdict, indent=1, default=str), encoding="utf-8")
-    return [out_dir / "report.md", out_dir / "report.html", out_dir / "verdict.json"] + [out_dir / name for _, name in images]
+    (out_dir / "cost.json").write_text(json.dumps(cost, indent=1, default=str), encoding="utf-8")
+    return [out_dir / "report.md", out_dir / "report.html", out_dir / "verdict.json", out_dir / "cost.json"] + [out_dir / name for _, name in images] + written
+
+
+def memory_lines(state) -> list[str]:
+    """Seed 003's forensics verdict for every rung that recorded allocation snapshots (`memory_snapshot`): what
+    held the memory at the peak. A snapshot stays on the machine that ran the rung; one not found here is named."""
+    from engine.molmo2.memory_forensics import forensics_markdown
+
+    lines: list[str] = []
+    for run in state.runs:
+        for path in run.memory_snapshots:
+            if not lines:
+                lines = ["## Memory forensics", ""]
+            lines += [f"### rung {run.rung} (run {run.run_id})", ""]
+            lines += [forensics_markdown(path), ""] if Path(path).is_file() else [f"`{path}`: not on this machine", ""]
+    return lines
+
+
+def _inline(text: str) -> str:
+    """Escaped text with the report's inline Markdown: **bold** and `code`."""
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 def _html(markdown_text: str) -> str:
@@ -204,7 +229,7 @@ def _html(markdown_text: str) -> str:
     in_table = False
     for line in markdown_text.splitlines():
         if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
             if set("".join(cells)) <= set("-"):
                 continue
             if not in_table:
@@ -219,16 +244,16 @@ def _html(markdown_text: str) -> str:
             in_table = False
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+            out.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
         elif line.startswith("!["):
             alt, src = line[2:].split("](")
             out.append(f"<p><img alt='{html.escape(alt)}' src='{html.escape(src.rstrip(')'))}'></p>")
         elif line.startswith("- "):
-            out.append(f"<li>{html.escape(line[2:])}</li>")
+            out.append(f"<li>{_inline(line[2:])}</li>")
         elif line.startswith("> "):
-            out.append(f"<blockquote>{html.escape(line[2:])}</blockquote>")
+            out.append(f"<blockquote>{_inline(line[2:])}</blockquote>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append(f"<p>{_inline(line)}</p>")
     if in_table:
         out.append("</table>")
     return "\n".join(out)

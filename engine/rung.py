@@ -10,6 +10,13 @@ The process writes its own ledger entries: `run-start` before any work, a `windo
 and a final window; SIGUSR1 is the ladder's time budget (status `killed`, by the budget, re-run on resume).
 A SIGKILL leaves a run without an end, which the next `prereg run` records as `interrupted`.
 One JSON line per window goes to stdout for the ladder's progress display.
+
+Several processes (a profile whose world_size > 1; the ladder starts them under torchrun): every rank runs this
+same loop; rank 0 alone reads the ledger (and sends the others what they need) and alone writes it — run-start,
+windows, kill, run-end — and alone prints events. Whatever ends a run is decided so that every rank ends it at
+the same step: a signal through `Stop` (a collective each step: the ranks agree on the MAX of their reasons),
+kill lines and the ceiling on rank 0, broadcast to the others after each window. A window is the rung's: its
+step time the slowest rank's, its memory the largest rank's (the workload's window reduction).
 """
 
 from __future__ import annotations
@@ -26,13 +33,26 @@ PROCESS_START = time.monotonic()  # cost counts from process start: imports and 
 
 
 class Stop:
-    """Why the process was asked to stop between steps, if it was."""
+    """Why the process was asked to stop between steps, if it was.
+
+    Among several ranks a signal may reach one rank a step before another; a rank that stopped alone would
+    leave the others waiting in the next step's collectives. So each call is itself a collective: the ranks
+    all-reduce (MAX) the codes of their reasons and all adopt the agreed one — every rank calls it once per
+    step and once per window, in the same order."""
+
+    REASONS: list[dict[str, Any] | None] = [None, {"signal": "SIGINT"}, {"signal": "SIGTERM"}, {"budget": True}]
 
     def __init__(self) -> None:
         self.reason: dict[str, Any] | None = None
+        self.ranks = None  # engine.workload.Ranks once joined
 
     def __call__(self) -> bool:
-        return self.reason is not None
+        if self.ranks is None or self.ranks.world_size == 1:
+            return self.reason is not None
+        agreed = int(self.ranks.max([float(self.REASONS.index(self.reason))])[0])
+        if agreed:
+            self.reason = self.REASONS[agreed]
+        return agreed != 0
 
     def install(self) -> None:
         def on_signal(number, frame):
@@ -47,102 +67,163 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
+def die_with_parent() -> None:
+    """Under torchrun: should the launcher die (a SIGKILL included), this rank dies with it, as a one-process
+    rung would — never an orphan still training, or (rank 0) still writing the ledger. Linux's PR_SET_PDEATHSIG."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() == 1:  # the launcher was already gone before the line above
+        os._exit(1)
+
+
+def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
+    """(what every rank needs from the ledger, the registration): rank 0 reads them, the others receive the
+    plan (plain data); the registration (kill lines) stays on rank 0."""
+    from prereg.state import load_state
+
+    state = load_state(ledger, args.reg, with_windows=False)
+    reg = state.registration()
+    protocol = reg.protocol
+    return {
+        "workload": reg.workload, "profile": reg.profile, "seed": protocol.seed, "config": reg.rung_config(runs[0]["rung"]),
+        "switches": {i.id: i.switch for i in reg.items}, "version": state.version, "schedule": protocol.schedule,
+        "steps": protocol.steps, "log_every": protocol.log_every, "eval_every": protocol.eval_every,
+        "save_every": protocol.save_every,
+    }, reg
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.rung")
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--reg", required=True)
-    parser.add_argument("--run", action="append", required=True, help="RUN_ID=LABEL:DECLARED_RUNG:ITEM,ITEM (repeat for interleaved)")
+    # No option here may be a prefix of two of torchrun's (argparse would refuse it even after the script name):
+    # `--run` matched --run-path and --run_path.
+    parser.add_argument("--run-spec", dest="run", action="append", required=True,
+                        help="RUN_ID=LABEL:DECLARED_RUNG:ITEM,ITEM (repeat for interleaved)")
     parser.add_argument("--deadline-s", type=float, default=None, help="device-seconds left under the ceiling (on_ceiling = stop)")
     parser.add_argument("--save-dir", default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="the profile's device, which picks the process group's backend (needed under torchrun)")
     args = parser.parse_args(argv)
 
     stop = Stop()
     stop.install()
 
-    from engine.environment import run_environment
-    from engine.killwatch import KillWatch
-    from engine.workload import make_runner
-    from prereg.canonical import encode_nonfinite
-    from prereg.ledger import Ledger
-    from prereg.state import load_state
-    from prereg.workload import get_workload
+    from engine.workload import join_ranks
 
-    ledger = Ledger.open(args.ledger, create=False)
-    state = load_state(ledger, args.reg, with_windows=False)
-    reg = state.registration()
-    declaration = get_workload(reg.workload)
-    profile = declaration.profiles[reg.profile]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if args.device is None:
+            parser.error("--device is required under torchrun: it picks the process group's backend")
+        die_with_parent()
+    ranks = join_ranks(args.device or "cpu")
+    stop.ranks = ranks
+    try:
+        return run_rung(args, ranks, stop)
+    finally:
+        ranks.leave()
+
+
+def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
+    """The rung's loop on one rank (the only one, or one of several: see the module docstring)."""
+    from engine.workload import make_runner
+
     runs = []
     for spec in args.run:
         run_id, _, rest = spec.partition("=")
         label, declared, items = rest.split(":")
         runs.append({"run": run_id, "label": label, "rung": declared, "items": tuple(i for i in items.split(",") if i)})
-    config = reg.rung_config(runs[0]["rung"])
-    switches = {i.id: i.switch for i in reg.items}
-    environment = run_environment(reg.profile, reg.protocol.seed)
-    for run in runs:
-        ledger.append("run-start", args.reg, {
-            "rung": run["label"], "declared_rung": run["rung"], "primed_from": run["rung"] if run["label"] != run["rung"] else None,
-            "items": list(run["items"]), "switches": [switches[i] for i in run["items"]], "config": config,
-            "version": state.version, "schedule": reg.protocol.schedule if len(runs) > 1 else "sequential",
-            "interleaved_with": [r["run"] for r in runs if r is not run], "env": environment,
-        }, ref=run["run"])
+
+    from prereg.workload import get_workload
+
+    ledger = plan = reg = None
+    if ranks.writer:  # the only rank that opens the ledger
+        from engine.environment import run_environment
+        from prereg.ledger import Ledger
+
+        ledger = Ledger.open(args.ledger, create=False)
+        plan, reg = read_plan(args, ledger, runs)
+        profile = get_workload(plan["workload"]).profiles[plan["profile"]]
+        if (profile.world_size, profile.device) != (ranks.world_size, args.device or profile.device):
+            raise RuntimeError(f"profile {profile.name} runs {profile.world_size} process(es) on {profile.device}; this rung "
+                               f"was started as {ranks.world_size} on {args.device} — start it through `prereg run`")
+        environment = run_environment(plan["profile"], plan["seed"])
+        for run in runs:
+            ledger.append("run-start", args.reg, {
+                "rung": run["label"], "declared_rung": run["rung"], "primed_from": run["rung"] if run["label"] != run["rung"] else None,
+                "items": list(run["items"]), "switches": [plan["switches"][i] for i in run["items"]], "config": plan["config"],
+                "version": plan["version"], "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
+                "interleaved_with": [r["run"] for r in runs if r is not run], "env": environment,
+            }, ref=run["run"])
+    plan = ranks.broadcast(plan)
+    declaration = get_workload(plan["workload"])
+    profile = declaration.profiles[plan["profile"]]
+    switches = plan["switches"]
+
+    from engine.killwatch import KillWatch
+    from prereg.canonical import encode_nonfinite
 
     status = {run["run"]: "finished" for run in runs}
     ended_by: dict[str, Any] = {}
     windows: dict[str, list[dict[str, Any]]] = {run["run"]: [] for run in runs}
-    watches = {run["run"]: KillWatch(reg, run["rung"], run["items"]) for run in runs}
+    watches = {run["run"]: KillWatch(reg, run["rung"], run["items"]) for run in runs} if ranks.writer else {}
     load_s = 0.0
+    load_start = PROCESS_START
     rc = 0
     runner = None
     try:
-        runner = make_runner(declaration, profile, config, reg.protocol.seed)
+        # Where a rung with `memory_snapshot` writes its allocation snapshots (engine/molmo2/memory_snapshot.py).
+        os.environ["PREREG_MEMORY_DIR"] = os.path.join("reports", args.reg, "memory", runs[0]["run"])
         load_start = time.monotonic()
+        runner = make_runner(declaration, profile, plan["config"], plan["seed"])
         runner.load()
         load_s = time.monotonic() - load_start
-        emit({"event": "loaded", "load_s": load_s})
+        if ranks.writer:
+            emit({"event": "loaded", "load_s": load_s})
         steps_done = {run["run"]: 0 for run in runs}
-        protocol = reg.protocol
         active = list(runs)
         ledger_s = 0.0
         while active:
             for run in list(active):
                 run_id = run["run"]
-                remaining = protocol.steps - steps_done[run_id]
+                remaining = plan["steps"] - steps_done[run_id]
                 runner.set_switches(tuple(switches[i] for i in run["items"]))
-                window = runner.train_window(min(protocol.log_every, remaining), stop)
+                window = runner.train_window(min(plan["log_every"], remaining), stop)
                 steps_done[run_id] += window["steps"]
                 step = steps_done[run_id]
-                if protocol.eval_every and step % protocol.eval_every == 0:
-                    window.update(runner.evaluate())
-                if protocol.save_every and step % protocol.save_every == 0 and args.save_dir:
-                    runner.save(os.path.join(args.save_dir, f"{run_id}-step{step}"))
-                elapsed = time.monotonic() - PROCESS_START
-                window.update({"step": step, "elapsed_s": round(elapsed, 4), "ledger_s": round(ledger_s, 6)})
-                windows[run_id].append(window)
-                write_start = time.monotonic()
-                ledger.append("window", args.reg, {"rung": run["label"], **encode_nonfinite(window)}, ref=run_id)
-                ledger_s = time.monotonic() - write_start  # the governance cost of the previous window, carried by the next
-                emit({"event": "window", "run": run_id, "rung": run["label"], "step": step, "of": protocol.steps,
-                      "loss": window.get("loss"), "s_per_step": window.get("s_per_step")})
-                fired = watches[run_id].check(windows[run_id])
-                if fired:
-                    ledger.append("kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run_id)
-                    status[run_id] = "killed"
-                    ended_by[run_id] = {"kill": fired["kill"]}
-                    active.remove(run)
-                    continue
-                if stop():
-                    status[run_id] = "killed"
-                    ended_by[run_id] = stop.reason
-                    active.remove(run)
-                    continue
-                if args.deadline_s is not None and elapsed * runner.devices >= args.deadline_s:
-                    status[run_id] = "over-ceiling"
-                    ended_by[run_id] = {"ceiling": True}
-                    active.remove(run)
-                    continue
-                if step >= protocol.steps:
+                if plan["eval_every"] and step % plan["eval_every"] == 0 and ranks.writer:
+                    window.update(runner.evaluate())  # the replicas are equal: rank 0's evaluation is the rung's
+                if plan["save_every"] and step % plan["save_every"] == 0 and args.save_dir:
+                    runner.save(os.path.join(args.save_dir, f"{run_id}-step{step}"))  # every rank: ZeRO consolidates
+                stopping = stop()  # agreed by every rank
+                decision = None
+                if ranks.writer:
+                    elapsed = time.monotonic() - PROCESS_START
+                    window.update({"step": step, "elapsed_s": round(elapsed, 4), "ledger_s": round(ledger_s, 6),
+                                   "world_size": ranks.world_size})
+                    windows[run_id].append(window)
+                    write_start = time.monotonic()
+                    ledger.append("window", args.reg, {"rung": run["label"], **encode_nonfinite(window)}, ref=run_id)
+                    ledger_s = time.monotonic() - write_start  # the governance cost of the previous window, carried by the next
+                    emit({"event": "window", "run": run_id, "rung": run["label"], "step": step, "of": plan["steps"],
+                          "loss": window.get("loss"), "s_per_step": window.get("s_per_step")})
+                    fired = watches[run_id].check(windows[run_id])
+                    if fired:
+                        ledger.append("kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run_id)
+                        decision = ("killed", {"kill": fired["kill"]})
+                    elif stopping:
+                        decision = ("killed", stop.reason)
+                    elif args.deadline_s is not None and elapsed * runner.devices * ranks.world_size >= args.deadline_s:
+                        decision = ("over-ceiling", {"ceiling": True})
+                    elif step >= plan["steps"]:
+                        decision = ("finished", None)
+                decision = ranks.broadcast(decision)  # rank 0's kill lines and ceiling end the run on every rank
+                if decision is not None:
+                    if decision[0] != "finished":
+                        status[run_id], ended_by[run_id] = decision
                     active.remove(run)
             if stop():
                 for run in active:
@@ -158,15 +239,20 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc(file=sys.stderr)
+    if not ranks.writer:
+        return rc
     wall = time.monotonic() - PROCESS_START
-    devices = runner.devices if runner is not None else 1
+    devices = (runner.devices if runner is not None else 1) * ranks.world_size  # every rank's devices, for the whole wall
     for run in runs:
         share = 1.0 / len(runs)  # interleaved rungs share one process: its time is split evenly
         ledger.append("run-end", args.reg, {
             "rung": run["label"], "status": status[run["run"]], "ended_by": ended_by.get(run["run"]),
             "totals": {"rc": rc, "steps": windows[run["run"]][-1]["step"] if windows[run["run"]] else 0, "load_s": round(load_s, 4),
                        "gpu_s": round(wall * devices * share, 4), "load_gpu_s": round(load_s * devices * share, 4),
-                       "wall_s": round(wall, 4), "world_size": 1},
+                       "wall_s": round(wall, 4), "world_size": ranks.world_size,
+                       "load_start_s": round(load_start - PROCESS_START, 4)},
+            "parallel": getattr(runner, "parallel", None),
+            "memory_snapshots": getattr(runner, "memory_snapshots", None),
         }, ref=run["run"])
     emit({"event": "end", "status": status})
     return rc

@@ -2,18 +2,122 @@
 
 A workload's declaration (prereg.workload) names what it can do without importing torch; its runner does it.
 The engine constructs one runner per process: a sequential rung, an interleaved ladder, or the oracle gate.
+A rung whose profile asks for several processes runs under torchrun: every process joins the group first
+(`join_ranks`), then builds its runner; the runner's own data plane (DDP, ZeRO, gradient allreduce) uses the
+same default process group, and `Ranks` is the engine's control plane over it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Callable, Protocol
 
 from prereg.workload import Profile, WorkloadDeclaration
 
 
+BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+
+
+class Ranks:
+    """The processes of one rung as the engine sees them: who writes the ledger, and how they agree.
+
+    One process (the default): rank 0 of 1, every agreement is the identity, no torch.distributed state.
+    Several: the default process group that `join_ranks` joined. Rank 0 is the only ledger writer; every
+    agreement is a collective, so every rank must make the same calls in the same order.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1):
+        assert 0 <= rank < world_size, (rank, world_size)
+        self.rank = rank
+        self.world_size = world_size
+
+    @classmethod
+    def current(cls) -> "Ranks":
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == 0
+
+    def _reduce(self, values: list[float], op: str) -> list[float]:
+        if self.world_size == 1:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        # float64: host floats (seconds, losses, byte counts as GiB) cross the wire without rounding.
+        tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def max(self, values: list[float]) -> list[float]:
+        """Elementwise maximum over the ranks (every rank gets it)."""
+        return self._reduce(values, "max")
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Elementwise sum over the ranks (every rank gets it)."""
+        return self._reduce(values, "sum")
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank (any picklable object)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value if self.writer else None]
+        dist.broadcast_object_list(box, src=0, device=_collective_device())
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def leave(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _collective_device():
+    """Where the default group's collectives take their tensors: the rank's GPU under nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def join_ranks(device: str) -> Ranks:
+    """Join this process's rung group from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT): nccl on CUDA (one GPU per rank, chosen by LOCAL_RANK), gloo on the CPU. Without torchrun
+    (WORLD_SIZE unset or 1) the process is alone and nothing is initialised."""
+    if device not in BACKENDS:
+        raise ValueError(f"device {device!r} is not one of {sorted(BACKENDS)}")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Ranks()
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(BACKENDS[device], init_method="env://")
+    return Ranks.current()
+
+
 class WorkloadRunner(Protocol):
-    devices: int  # devices this process holds (1 for a CPU profile: the process is the device)
+    devices: int  # devices this process holds (1 for a CPU profile: the process is the device); a rung of
+    # several processes holds devices x world_size
+    parallel: dict[str, Any] | None  # how the ranks train (world_size, gradient sync, optimizer): on the run-end
 
     def load(self) -> None:
         """Build the model and everything a step needs; timed apart from the steps and counted in the cost."""
@@ -27,13 +131,15 @@ class WorkloadRunner(Protocol):
 
     def train_window(self, steps: int, should_stop: Callable[[], bool]) -> dict[str, Any]:
         """Run up to `steps` training steps (fewer if should_stop() turns true between steps) and return the
-        window's metrics: steps, s_per_step, tokens_per_s, loss, finite, and the memory fields."""
+        window's metrics: steps, s_per_step, tokens_per_s, loss, finite, and the memory fields. Several ranks:
+        call should_stop() exactly once after every step (it is a collective), and return the rung's window —
+        the slowest rank's step times, the largest rank's memory — identical on every rank."""
 
     def evaluate(self) -> dict[str, float]:
         """Evaluation-window metrics (probe_chunk_mae, probe_first_mae)."""
 
     def save(self, directory: str) -> None:
-        """A checkpoint at a save boundary."""
+        """A checkpoint at a save boundary (called on every rank; rank 0 writes)."""
 
 
 def make_runner(declaration: WorkloadDeclaration, profile: Profile, config: dict[str, Any], seed: int) -> WorkloadRunner:

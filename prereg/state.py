@@ -57,6 +57,7 @@ class RungRun:
     provenance: str | None = None
     n_windows: int = 0
     ended_by: dict[str, Any] | None = None  # {"kill": id} | {"signal": name} | {"budget": True} | {"ceiling": True} | {"error": …}
+    memory_snapshots: tuple[str, ...] = ()  # allocation snapshots a `memory_snapshot` rung wrote (paths on its machine)
 
 
 @dataclass
@@ -150,6 +151,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
             run.status = data["status"]
             run.totals = decode_nonfinite(data.get("totals", {}))
             run.ended_by = data.get("ended_by")
+            run.memory_snapshots = tuple(data.get("memory_snapshots") or ())
         elif entry.kind == "interrupted":
             runs[entry.ref].status = "interrupted"
             runs[entry.ref].totals = data.get("totals", {})

@@ -36,9 +36,22 @@ class Probe:
 class Profile:
     name: str
     device: Literal["cpu", "cuda"]
-    gpus: int  # 0 for CPU profiles; >1 launches rungs under torchrun
+    gpus: int  # 0 for CPU profiles
     geometry: str
     description: str
+    processes: int = 0  # processes of a rung; 0: one per GPU, one on the CPU. More than one: under torchrun
+
+    def __post_init__(self) -> None:
+        if self.processes < 0:
+            raise ValueError(f"profile {self.name}: processes = {self.processes} must be >= 0 (0: one per GPU)")
+        if self.device == "cuda" and self.processes not in (0, self.gpus):
+            # One process per GPU: each rank owns one device (nccl), so the two counts cannot differ.
+            raise ValueError(f"profile {self.name}: processes = {self.processes} on {self.gpus} GPUs; allowed: 0 or {self.gpus}")
+
+    @property
+    def world_size(self) -> int:
+        """The rung's processes (ranks); the oracle gate is always one process."""
+        return self.processes or max(self.gpus, 1)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ STEP_FILE = re.compile(r"^(?P<verb>amend|record)-(?P<label>[a-z]+)(?P<n>[0-9]+)\
 VERB_ORDER = {"amend": 0, "record": 1}
 SEED_COMMENT = re.compile(r"^#.*\bseed (?P<seed>[0-9]{3})\b", re.IGNORECASE)
 SEED_SOURCE = re.compile(r"^seed (?P<seed>[0-9]{3})_[0-9a-f]{16}: ")
+# A registration of the lab's own work (not a seed's practice) names the issue that asked for it, in the source
+# and in its opening comment.
+ISSUE_SOURCE = re.compile(r"^issue (?P<issue>[0-9]+): ")
+ISSUE_COMMENT = re.compile(r"^# Issue (?P<issue>[0-9]+)\b")
 
 REGISTRATION_FILES = sorted(REGISTRATIONS.glob("*.toml"))
 HISTORY_DIRS = sorted(p for p in REGISTRATIONS.iterdir() if p.is_dir())
@@ -59,8 +63,13 @@ def test_registration_validates_and_names_its_seed(path: Path):
     reg, _ = load_registration(path)
     assert reg.id == path.stem, f"{path.name} holds registration {reg.id!r}; a registration's file is named after its id"
     assert reg.source, f"{path.name}: source must say where the practice it encodes is written down"
+    issue = ISSUE_SOURCE.match(reg.source)
+    if issue:
+        header = ISSUE_COMMENT.match(path.read_text(encoding="utf-8").splitlines()[0])
+        assert header and header["issue"] == issue["issue"], f"{path.name}: the header comment must name issue {issue['issue']}"
+        return
     source = SEED_SOURCE.match(reg.source)
-    assert source, f"{path.name}: source must name the seed file ('seed NNN_<hash>: …'), not {reg.source!r}"
+    assert source, f"{path.name}: source must name the seed file ('seed NNN_<hash>: …') or the issue ('issue N: …'), not {reg.source!r}"
     assert seed_of_header(path) == source["seed"], f"{path.name}: the header comment and source name different seeds"
 
 

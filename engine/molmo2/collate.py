@@ -48,6 +48,10 @@ class EncodedSample:
     images: tuple[ProcessedImage, ...]
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 class Collator:
     def __init__(
         self,
@@ -56,6 +60,7 @@ class Collator:
         text_tokenizer: TextTokenizer,
         processor_geometry: ImageGeometry,
         max_crops: int,
+        pad_multiple: tuple[int, int] = (1, 1),
     ) -> None:
         if fast_tokenizer.vocab_size > layout.fast_vocab_size:
             raise ValueError(
@@ -69,6 +74,11 @@ class Collator:
         self.text = text_tokenizer
         self.geometry = processor_geometry
         self.max_crops = max_crops
+        # (prefix, suffix): padded widths are rounded up to these multiples. A compiled decoder specialises on
+        # shapes, so fewer distinct widths mean fewer compilations; padding is masked and costs only compute.
+        if len(pad_multiple) != 2 or min(pad_multiple) < 1:
+            raise ValueError(f"pad_multiple = {pad_multiple}; allowed: two integers >= 1 (prefix, suffix)")
+        self.pad_multiple = tuple(pad_multiple)
 
     def encode(self, sample: RigSample) -> EncodedSample:
         images = tuple(process_image(frame, self.geometry, self.max_crops) for frame in sample.frames)
@@ -95,12 +105,12 @@ class Collator:
         batch_size = len(samples)
         pad = self.layout.pad_id
 
-        prefix_len = max(len(e.prompt_ids) - 1 for e in encoded)
+        prefix_len = _round_up(max(len(e.prompt_ids) - 1 for e in encoded), self.pad_multiple[0])
         prefix_ids = torch.full((batch_size, prefix_len), pad, dtype=torch.long)
         prefix_mask = torch.zeros((batch_size, prefix_len), dtype=torch.bool)
         mm_types = torch.zeros((batch_size, prefix_len), dtype=torch.long)
         state_positions = torch.empty(batch_size, dtype=torch.long)
-        suffix_len = max(len(e.target_ids) for e in encoded)
+        suffix_len = _round_up(max(len(e.target_ids) for e in encoded), self.pad_multiple[1])
         suffix_ids = torch.full((batch_size, suffix_len), pad, dtype=torch.long)
         suffix_mask = torch.zeros((batch_size, suffix_len), dtype=torch.bool)
         labels = torch.full((batch_size, suffix_len), IGNORE_INDEX, dtype=torch.long)

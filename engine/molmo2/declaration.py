@@ -92,6 +92,9 @@ METRICS = {
 
 PROFILES = {
     "cpu-tiny": Profile("cpu-tiny", "cpu", 0, "tiny", "the tiny geometry on the CPU: seconds per step on two cores"),
+    # The multi-process path in CI: two gloo ranks under torchrun, one CPU core each.
+    "cpu-tiny-x2": Profile("cpu-tiny-x2", "cpu", 0, "tiny", "the tiny geometry on two CPU processes (gloo) under torchrun",
+                           processes=2),
     "h200-4b": Profile("h200-4b", "cuda", 1, "4b", "the real Molmo2-4B geometry on one H200, bf16 autocast"),
     "h200x2-4b": Profile("h200x2-4b", "cuda", 2, "4b", "Molmo2-4B on two H200s of one host, under torchrun"),
     # The seeds' box: four H100s under DDP. The engine does not drive it; its results enter by `prereg record`.
@@ -117,8 +120,9 @@ CONFIG_KEYS = {
         ConfigKey("chunk_grad_allreduce", bool, "explicit in-place gradient allreduce once per step"),
         ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
         ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
-        ConfigKey("compile", bool, "torch.compile the decoder layers"),
+        ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
         ConfigKey("bucket_by_length", bool, "length-bucketed batching by camera count"),
+        ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("fps", int, "action frames per second"),
     ]
 }

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from engine.molmo2.config import Molmo2Config
+from engine.molmo2.execution import EAGER, Execution
 from engine.molmo2.switches import HEAD, Switches
-from engine.molmo2.text import HEAD_BACKENDS, KV, RMSNorm, TextModel, backends_context
+from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, TextModel, backends_context
 from engine.molmo2.vision import VisionBackbone
 
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
@@ -43,6 +45,18 @@ def prefix_attention_mask(attention_mask: torch.Tensor, mm_token_type_ids: torch
     allowed = allowed & attention_mask.bool()[:, None, :]
     allowed = allowed | torch.eye(S, dtype=torch.bool, device=device)[None]
     return allowed[:, None]
+
+
+def prefix_block_mask(attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor) -> BlockMask:
+    """The same rule as `prefix_attention_mask`, as FlexAttention's block mask (execution.py, "flex")."""
+    B, S = attention_mask.shape
+    image = mm_token_type_ids == 1
+    real = attention_mask.bool()
+
+    def allowed(b, h, q, kv):
+        return (((q >= kv) | (image[b, q] & image[b, kv])) & real[b, kv]) | (q == kv)
+
+    return create_block_mask(allowed, B, None, S, S, device=attention_mask.device)
 
 
 def continuation_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -92,6 +106,10 @@ class Molmo2Model(nn.Module):
         super().__init__()
         self.config = config
         self.switches = switches  # reassign to change rungs without reloading
+        self.execution = EAGER  # set with `set_execution`
+        # Plain attributes (a list, a wrapper set through __dict__): not submodules, so no extra state-dict keys.
+        self._compiled_blocks: list[nn.Module] | None = None
+        self.__dict__["_compiled_vision"] = None
         t = config.text
         self.model = Molmo2Trunk(config)
         self.lm_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)  # untied; base vocabulary only
@@ -102,9 +120,24 @@ class Molmo2Model(nn.Module):
     def transformer(self) -> TextModel:
         return self.model.transformer
 
-    # ---- inputs -> embeddings ----
+    def set_execution(self, execution: Execution) -> None:
+        """The compiled wrappers share the blocks' parameters; they are built once, on the first compiled run."""
+        self.execution = execution
+        if execution.compile and self._compiled_blocks is None:
+            # Specialised shapes (dynamic=False) with room for every (chunk, prefix/suffix) shape of a pool: past
+            # the default limit of 8 Dynamo would silently run the block eagerly.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._compiled_blocks = [torch.compile(block, dynamic=False) for block in self.transformer.blocks]
+            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False)
+
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
-        return self.model.vision_backbone(pixel_values, image_token_pooling)
+        vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
+        return vision(pixel_values, image_token_pooling)
+
+    def _blocks(self) -> list[DecoderBlock]:
+        return self._compiled_blocks if self.execution.compile else list(self.transformer.blocks)
+
+    # ---- inputs -> embeddings ----
 
     def embed(
         self,
@@ -156,7 +189,7 @@ class Molmo2Model(nn.Module):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: Mask,
         past: KVCache | None = None,
         last_layer_kv_only: bool = False,
     ) -> tuple[torch.Tensor | None, list[KV]]:
@@ -164,11 +197,11 @@ class Molmo2Model(nn.Module):
         before ln_f and each layer's K/V of x. With `last_layer_kv_only`, the last block only contributes its
         K/V (a prefix's outputs are never read) and no hidden states are returned."""
         rope = self.transformer.rope(positions)
-        blocks = self.transformer.blocks
+        blocks = self._blocks()
         layers: list[KV] = []
         for index, block in enumerate(blocks):
             if last_layer_kv_only and index == len(blocks) - 1:
-                layers.append(block.keys_values(x, rope))
+                layers.append(self.transformer.blocks[index].keys_values(x, rope))
                 return None, layers
             x, kv = block(x, rope, mask, None if past is None else past.layers[index])
             layers.append(kv)
@@ -223,7 +256,10 @@ class Molmo2Model(nn.Module):
         computes its K/V."""
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
                                   state=state, state_positions=state_positions)  # fmt: skip
-        mask = prefix_attention_mask(attention_mask, mm_token_type_ids)
+        if self.execution.prefix_attention == "flex":
+            mask = prefix_block_mask(attention_mask, mm_token_type_ids)
+        else:
+            mask = prefix_attention_mask(attention_mask, mm_token_type_ids)
         with backends_context(HEAD_BACKENDS):
             hidden, layers = self.decoder(x, positions_from_mask(attention_mask), mask,
                                           last_layer_kv_only=not last_logits)  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.molmo2.config import Molmo2Config, TextConfig
 
@@ -52,9 +53,29 @@ class Rope:
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """GQA attention, scale 1/sqrt(head_dim); the caller picks the backends with `sdpa_kernel`."""
+Mask = torch.Tensor | BlockMask | None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> torch.Tensor:
+    """GQA attention, scale 1/sqrt(head_dim). A dense bool mask goes to SDPA, whose backends the caller picks with
+    `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py)."""
+    if isinstance(mask, BlockMask):
+        return _flex(q.device.type)(q, k, v, block_mask=mask, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+_compiled_flex_attention = None  # built on first use: torch.compile imports Dynamo
+
+
+def _flex(device_type: str):
+    """FlexAttention runs fused only when compiled; called eagerly it materialises the scores (fine on a CPU at the
+    tiny geometry, ruinous at 4B). Inside a compiled decoder block it is traced as it is."""
+    global _compiled_flex_attention
+    if device_type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention
+    if _compiled_flex_attention is None:
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex_attention
 
 
 def backends_context(backends: tuple[SDPBackend, ...]):
@@ -142,7 +163,7 @@ class DecoderBlock(nn.Module):
         return k, v
 
     def forward(
-        self, x: torch.Tensor, rope: Rope, mask: torch.Tensor | None, past: KV | None = None
+        self, x: torch.Tensor, rope: Rope, mask: Mask, past: KV | None = None
     ) -> tuple[torch.Tensor, KV]:
         """x: [B, S, hidden]; `past` holds earlier positions' K/V, which x's queries also see through `mask`
         ([B, 1, S, past_len + S], True = may attend). Returns the new x and this layer's K/V of x alone."""

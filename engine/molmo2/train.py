@@ -5,6 +5,10 @@ trainables in two groups (decoder-side FAST/state modules at `lr`, the Qwen3 blo
 `backbone_lr`); gradient clipping; the vision tower frozen (no gradients, no optimizer state). A step's batch
 arrives as `backward_chunks` chunks; each chunk's sum-form loss is divided by the whole step's count of
 loss-bearing tokens before its backward, so the accumulated gradient is the unchunked mean's gradient.
+
+Several ranks (engine.molmo2.distributed) share this one loop through two seams: a `GradientSync` (how the
+chunks' forward/backward run and how the ranks' gradients meet) and an optimizer factory (AdamW, or ZeRO-1
+over AdamW). With the defaults the step is exactly the single-process step.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -56,7 +60,9 @@ class Step:
     """One prepared optimizer step: its chunks (on the device) and what the host knows about them already."""
 
     chunks: tuple[ARBatch, ...]
-    loss_tokens: int  # loss-bearing tokens of the whole step (counted on the host, at collate time)
+    loss_tokens: int  # loss-bearing tokens of the whole step (counted on the host, at collate time); across
+    # ranks, of the GLOBAL step (every rank's slice: distributed.with_global_loss_tokens), the normaliser
+    # that makes the ranks' summed gradients the global batch's mean-loss gradient
     useful_tokens: int  # real (non-padding) prefix + suffix tokens
 
 
@@ -66,15 +72,52 @@ def prepare_step(chunks: Sequence[ARBatch], device: torch.device) -> Step:
     return Step(tuple(c.to(device) for c in chunks), loss_tokens, useful)
 
 
-def make_optimizer(model: Molmo2Model, config: TrainConfig) -> torch.optim.Optimizer:
+ADAM_BETAS = (0.9, 0.95)
+
+# (param groups, config, fused) -> the optimizer over them
+OptimizerFactory = Callable[[list[dict[str, Any]], TrainConfig, bool], torch.optim.Optimizer]
+
+
+def param_groups(model: Molmo2Model, config: TrainConfig) -> list[dict[str, Any]]:
+    """The run's two groups: the decoder side at `lr`, the rest of the trainables at `backbone_lr`."""
     set_ar_trainable(model)
     decoder, backbone = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decoder if name.startswith(DECODER_SIDE) else backbone).append(p)
+    return [{"params": decoder, "lr": config.lr}, {"params": backbone, "lr": config.backbone_lr}]
+
+
+def adamw(groups: list[dict[str, Any]], config: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, betas=ADAM_BETAS, weight_decay=config.weight_decay, fused=fused)
+
+
+def make_optimizer(model: Molmo2Model, config: TrainConfig, factory: OptimizerFactory = adamw) -> torch.optim.Optimizer:
+    groups = param_groups(model, config)
     fused = next(model.parameters()).device.type == "cuda"
-    groups = [{"params": decoder, "lr": config.lr}, {"params": backbone, "lr": config.backbone_lr}]
-    return torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=config.weight_decay, fused=fused)
+    return factory(groups, config, fused)
+
+
+class GradientSync:
+    """How the ranks of a step make its gradient the global batch's. One process has nothing to agree on: this
+    base class runs the plain AR forward, no context around the chunks, no reduction — HEAD's step exactly.
+    engine.molmo2.distributed implements the multi-process modes (DDP, explicit allreduce)."""
+
+    world_size = 1
+
+    def forward(self, model: Molmo2Model, chunk: ARBatch) -> torch.Tensor:
+        return ar_forward(model, chunk)
+
+    def chunk_context(self, last: bool) -> ContextManager:
+        """Around one chunk's forward and backward (DDP's no_sync goes here)."""
+        return nullcontext()
+
+    def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """After the last chunk's backward, before clipping."""
+
+    def reduce_window(self, seconds: list[float], losses: list[float], tokens: list[int], memory: dict[str, float]):
+        """The window's per-step values as the whole rung saw them (one process: as they are)."""
+        return seconds, losses, tokens, memory
 
 
 def autocast(device: torch.device):
@@ -87,11 +130,13 @@ def synchronize(device: torch.device) -> None:
 
 
 class Trainer:
-    def __init__(self, model: Molmo2Model, config: TrainConfig, device: torch.device):
+    def __init__(self, model: Molmo2Model, config: TrainConfig, device: torch.device, sync: GradientSync | None = None,
+                 optimizer_factory: OptimizerFactory = adamw):
         self.model = model
         self.config = config
         self.device = device
-        self.optimizer = make_optimizer(model, config)
+        self.sync = sync if sync is not None else GradientSync()
+        self.optimizer = make_optimizer(model, config, optimizer_factory)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.steps_done = 0
@@ -107,22 +152,32 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=self.device, dtype=torch.float64 if self.model.lm_head.weight.dtype == torch.float64 else torch.float32)
-        for chunk in step.chunks:
-            with autocast(self.device):
-                logits = ar_forward(self.model, chunk)
-            sums = ar_loss_sums(logits.to(loss.dtype), chunk.suffix, self.model.switches)
-            chunk_loss = sums["loss_sum"] / step.loss_tokens
-            chunk_loss.backward()
+        last = len(step.chunks) - 1
+        for index, chunk in enumerate(step.chunks):
+            with self.sync.chunk_context(index == last):
+                with autocast(self.device):
+                    logits = self.sync.forward(self.model, chunk)
+                sums = ar_loss_sums(logits.to(loss.dtype), chunk.suffix, self.model.switches)
+                chunk_loss = sums["loss_sum"] / step.loss_tokens
+                chunk_loss.backward()
             loss = loss + chunk_loss.detach()
+        self.sync.reduce_gradients(self.trainable)
         return loss
 
-    def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here)."""
+    def update(self) -> torch.Tensor:
+        """The optimizer step from the gradients in place: this step's warm-up learning rate, clipping, AdamW.
+        Returns the pre-clip gradient norm."""
         self._set_lr()
-        loss = self.accumulate_gradients(step)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
         self.optimizer.step()
         self.steps_done += 1
+        return grad_norm
+
+    def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here). Across ranks the
+        loss is this rank's share of the global mean (its chunk sums over the global token count)."""
+        loss = self.accumulate_gradients(step)
+        grad_norm = self.update()
         return loss, grad_norm
 
     def window(self, steps: Sequence[Step], windowed_memory: bool, should_stop: Callable[[], bool] = lambda: False) -> dict:
@@ -137,8 +192,12 @@ class Trainer:
             losses.append(float(loss))
             norms.append(float(grad_norm))
             tokens.append(step.useful_tokens)
-            if should_stop():
+            if should_stop():  # several ranks: a collective, so every rank stops after the same step
                 break
+        memory = self.memory.window_end(windowed_memory)
+        # Several ranks: a step takes its slowest rank's seconds, its loss and tokens are the ranks' sums, the
+        # memory fields the largest rank's. Grad norms are already equal (the gradients were reduced).
+        seconds, losses, tokens, memory = self.sync.reduce_window(seconds, losses, tokens, memory)
         finite = all(math.isfinite(v) for v in losses + norms)
         window = {
             "steps": len(seconds),
@@ -148,5 +207,5 @@ class Trainer:
             "grad_norm": statistics.fmean(norms),
             "finite": finite,
         }
-        window.update(self.memory.window_end(windowed_memory))
+        window.update(memory)
         return window

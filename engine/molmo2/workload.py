@@ -9,6 +9,7 @@ the data pipeline.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,6 +20,10 @@ import torch
 from engine.molmo2.ar import ar_greedy_decode
 from engine.molmo2.collate import Collator, make_fast_tokenizer
 from engine.molmo2.config import Molmo2Config
+from engine.molmo2.distributed import (OPTIMIZER_STATE, describe, make_gradient_sync, optimizer_factory, save_training_state,
+                                       with_global_loss_tokens)
+from engine.molmo2.execution import Execution
+from engine.molmo2.memory_snapshot import MemoryInstrument
 from engine.molmo2.fast import FastDecodeError
 from engine.molmo2.model import Molmo2Model, init_weights
 from engine.molmo2.processor import ImageGeometry
@@ -26,6 +31,7 @@ from engine.molmo2.prompt import ByteTokenizer, TokenLayout, parse_suffix
 from engine.molmo2.rig import RigDataset
 from engine.molmo2.switches import HEAD, Switches
 from engine.molmo2.train import Step, TrainConfig, Trainer, prepare_step
+from engine.workload import Ranks
 from prereg.workload import Profile
 
 
@@ -57,6 +63,12 @@ GEOMETRIES = {
 }
 
 
+# Compiled runs pad the prefix and the suffix to multiples of 16, so a pool's chunks share a few shapes (each
+# distinct shape is one compilation of the decoder block, ~15 s on an H200). 128 (FlexAttention's block) cost 6%
+# more padded tokens for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b.json).
+COMPILED_PAD_MULTIPLE = (16, 16)
+
+
 def train_config(config: dict[str, Any]) -> TrainConfig:
     return TrainConfig(
         batch=int(config.get("batch", 12)),
@@ -81,35 +93,80 @@ class Molmo2Runner:
         self.train_config = train_config(config)
         self.camera_counts = tuple(config.get("camera_counts", (1, 2)))
         self.max_crops = int(config.get("max_crops", 1))
+        self.bucket_by_length = bool(config.get("bucket_by_length", False))
+        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"), compile=config.get("compile", False))
+        if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
+            raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
+                             f"{profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
+        # A rung of several processes: this process's rank (engine.workload.join_ranks ran before), and how the
+        # ranks train (validated here, before any load; recorded on the run's end).
+        self.ranks = Ranks.current()
+        self.parallel = describe(config, self.ranks.world_size)
+        # seed 003's BIJOU_MEM_SNAPSHOT as run config: allocation history from load, a snapshot after the first
+        # window and at an out-of-memory (refused on a CPU profile, by the instrument)
+        self.memory = MemoryInstrument.from_config(config, self.device, os.environ.get("PREREG_MEMORY_DIR", "reports/memory"))
+        self.memory_snapshots: list[str] | None = None
         self._initial: dict[str, torch.Tensor] | None = None
         self.trainer: Trainer | None = None
         self.switches = HEAD
 
     # ---- load ----
     def load(self) -> None:
+        if self.memory is not None:
+            self.memory.start()  # from before the model exists: the whole allocation history
+        self.load_data()
+        self.load_model()
+
+    def load_data(self) -> None:
+        """Tokenizers, collator, datasets and the prepared step pool (collated once, on the device)."""
         torch.manual_seed(self.seed)
         self.config = Molmo2Config.named(self.geometry.model)
         self.layout = self.geometry.layout(self.config)
         self.fast = make_fast_tokenizer(self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size)
-        self.collator = Collator(self.layout, self.fast, ByteTokenizer.for_layout(self.layout), self.geometry.image_geometry(), self.max_crops)
+        self.collator = Collator(self.layout, self.fast, ByteTokenizer.for_layout(self.layout), self.geometry.image_geometry(),
+                                 self.max_crops, pad_multiple=COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1))  # fmt: skip
         data = RigDataset(self.seed, self.geometry.episodes, camera_counts=self.camera_counts, image_size=self.geometry.image_size)
         self.eval_data = RigDataset(self.seed, self.geometry.eval_samples, camera_counts=self.camera_counts,
                                     image_size=self.geometry.image_size, split="eval")
         self.train_data = data
-        self.pool = [self._prepare(data, index) for index in range(self.geometry.pool_steps)]
+        self.pool = with_global_loss_tokens(self._prepare_pool(data), self.ranks)
         self.probe_step = self.pool[0]
+
+    def load_model(self) -> None:
+        """The model (seeded init on the device), its execution options, the trainer."""
         with torch.device("meta"):
             self.model = Molmo2Model(self.config)
         self.model.to_empty(device=self.device)
         init_weights(self.model, self.seed)
-        self.trainer = Trainer(self.model, self.train_config, self.device)
+        self.model.set_execution(self.execution)
+        self.trainer = Trainer(self.model, self.train_config, self.device,
+                               sync=make_gradient_sync(self.model, self.run_config, self.device, self.ranks),
+                               optimizer_factory=optimizer_factory(self.run_config, self.ranks.world_size))
         self.cursor = 0
 
-    def _prepare(self, data: RigDataset, index: int) -> Step:
-        batch, size = self.train_config.batch, self.train_config.chunk_size
-        first = index * batch
-        samples = [data.sample((first + k) % len(data)) for k in range(batch)]
-        chunks = [self.collator(samples[k: k + size]) for k in range(0, batch, size)]
+    def _prepare_pool(self, data: RigDataset) -> list[Step]:
+        """The run's steps: the first pool_steps x batch episodes in order. With `bucket_by_length` the same
+        episodes are sorted by camera count before they are cut into steps and chunks (seed 002's 2a,
+        camera-count keys), so a chunk pads a prefix to its own camera count, not to the batch's largest."""
+        batch, steps = self.train_config.batch, self.geometry.pool_steps
+        # Several ranks cut the same global sequence into global steps of world x batch episodes; rank r takes
+        # slice r of each: a different slice per rank, together the one-process run at the global batch.
+        world, rank = self.ranks.world_size, self.ranks.rank
+        indices = [i % len(data) for i in range(steps * batch * world)]
+        if self.bucket_by_length:
+            indices.sort(key=lambda i: data.scene(i).n_cameras)  # stable: episode order within a count
+        return [self._prepare(data, indices[(k * world + rank) * batch: (k * world + rank + 1) * batch]) for k in range(steps)]
+
+    def _prepare(self, data: RigDataset, indices: list[int]) -> Step:
+        size = self.train_config.chunk_size
+        samples = [data.sample(i) for i in indices]
+        groups = [samples]
+        if self.bucket_by_length:
+            # Where the camera counts meet inside a step, the chunk splits there too: a one-camera sample never
+            # pads to a two-camera prefix. Chunk sizes then vary; the loss is normalised by the step's token
+            # count, so the step's gradient is the same however it is chunked.
+            groups = [[s for s in samples if s.n_cameras == n] for n in sorted({s.n_cameras for s in samples})]
+        chunks = [self.collator(group[k: k + size]) for group in groups for k in range(0, len(group), size)]
         return prepare_step(chunks, self.device)
 
     # ---- training ----
@@ -123,7 +180,15 @@ class Molmo2Runner:
     def train_window(self, steps: int, should_stop: Callable[[], bool]) -> dict[str, Any]:
         assert self.trainer is not None, "load() first"
         batch = [self.pool[(self.cursor + k) % len(self.pool)] for k in range(steps)]
-        window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
+        if self.memory is None:
+            window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
+        else:
+            holders = lambda: (self.model, self.trainer.optimizer)  # noqa: E731
+            with self.memory.dump_on_oom(holders):
+                window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
+            # After the first window the last step's gradients and the optimizer state are still live.
+            self.memory.dump_once("first-window", *holders())
+            self.memory_snapshots = sorted(str(p) for p in self.memory.directory.glob("*.pickle"))
         self.cursor += window["steps"]
         return window
 
@@ -171,9 +236,13 @@ class Molmo2Runner:
                 "probe_decode_failures": failures, "probe_decode_partial": partial, "probe_samples": len(samples)}
 
     def save(self, directory: str) -> None:
+        """The weights (rank 0) and the consolidated optimizer state; every rank calls it (ZeRO-1 consolidates
+        with a collective)."""
         from engine.molmo2.checkpoint import write_checkpoint
 
-        write_checkpoint(self.model, self.config, directory)
+        if self.ranks.writer:
+            write_checkpoint(self.model, self.config, directory)
+        save_training_state(self.trainer, os.path.join(directory, OPTIMIZER_STATE), self.ranks)
 
     # ---- probes ----
     def fresh(self, switches: Switches) -> Trainer:

@@ -1,0 +1,37 @@
+"""How the decoder executes, apart from what it computes: the prefix attention's kernel and torch.compile.
+
+These are run config (`prefix_attention`, `compile`), not S-bundle switches: they change speed and the order of
+floating-point reductions, never the function. Their parity with HEAD's eager SDPA path is a test with a stated
+tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
+
+- prefix_attention = "sdpa" (HEAD): SDPA with `enable_gqa` and the dense causal-OR-image bool mask. On torch 2.11
+  CUDA neither FLASH (no mask) nor EFFICIENT (no GQA with a mask) takes it, so the ~1k-token prefix runs MATH:
+  [B, heads, S, S] scores in memory, the step's largest cost (bench/results/peer_molmo2_h200-4b.json).
+- prefix_attention = "flex": FlexAttention with the same rule as a block mask; blocks that are all masked
+  (above the diagonal, outside the image blocks) are skipped, the rest run fused, GQA included.
+- compile: each decoder block is wrapped in torch.compile, and so is the frozen vision tower. The blocks share one
+  code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
+  residual adds fuse. Shapes are specialised (each new one compiles once, ~15 s at 4B on an H200), so compiled
+  runs pad to multiples of 16 (engine/molmo2/workload.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX_ATTENTION = ("sdpa", "flex")
+
+
+@dataclass(frozen=True)
+class Execution:
+    prefix_attention: str = "sdpa"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prefix_attention not in PREFIX_ATTENTION:
+            raise ValueError(f"prefix_attention = {self.prefix_attention!r}; allowed: {list(PREFIX_ATTENTION)}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile = {self.compile!r}; allowed: true or false")
+
+
+EAGER = Execution()
