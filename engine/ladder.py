@@ -186,6 +186,25 @@ class Ladder:
     def budget_left(self) -> float | None:
         return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
+    def end_abandoned_runs(self, state: RegistrationState, run_ids: list[str], rc: int, wall_s: float, profile: Profile) -> None:
+        """A rung process that died while the ladder lives (a rank killed by its launcher after another rank's
+        out-of-memory, the kernel's OOM killer) leaves its started runs without an end: the ladder ends them
+        `failed` with the exit status it saw, so a pass rule judges them (rc != 0) instead of a resume re-running
+        them for ever. Snapshots a `memory_snapshot` rung wrote before it died are named on the end."""
+        for run in state.runs:
+            if run.run_id not in run_ids or run.status != "running":
+                continue
+            windows = list(self.ledger.entries(reg_id=self.reg_id, kinds=("window",), ref=run.run_id))
+            memory = Path(REPO_ROOT, "reports", self.reg_id, "memory", run_ids[0])
+            self.ledger.append("run-end", self.reg_id, {
+                "rung": run.rung, "status": "failed",
+                "ended_by": {"error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"},
+                "totals": {"rc": rc, "steps": windows[-1].data["step"] if windows else 0, "wall_s": round(wall_s, 4),
+                           "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4), "world_size": profile.world_size},
+                "memory_snapshots": sorted(str(p) for p in memory.glob("*.pickle")) or None,
+            }, ref=run.run_id)
+            self.say(f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded failed")
+
     def run_child(self, args: list[str]) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -305,11 +324,16 @@ class Ladder:
                      + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
             kills_before = len(state.kills)
             run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec"):] if "=" in a]
-            rc = self.run_child(rung_command(get_workload(reg.workload).profiles[reg.profile], args))
+            profile = get_workload(reg.workload).profiles[reg.profile]
+            child_start = time.monotonic()
+            rc = self.run_child(rung_command(profile, args))
             if self.stopping == "budget":
                 stopped = "budget"
                 break
             state = load_state(self.ledger, self.reg_id, with_windows=False)
+            if rc != 0 and self.stopping is None:
+                self.end_abandoned_runs(state, run_ids, rc, time.monotonic() - child_start, profile)
+                state = load_state(self.ledger, self.reg_id, with_windows=False)
             ended = {r.run_id for r in state.runs if r.status not in ("running", "interrupted")}
             if not set(run_ids) <= ended:
                 # A rung process that leaves no end in this ledger (it crashed before its run-start, or wrote

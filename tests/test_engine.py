@@ -302,3 +302,41 @@ def test_an_interleaved_ladder_whose_rungs_set_their_own_config_is_refused_at_va
     assert result.returncode == 2
     assert "interleaved" in result.stderr and "['B']" in result.stderr
     assert not (tmp_path / "ledger.db").exists()
+
+
+def _rung_processes(ladder_pid: int) -> list[int]:
+    """The `engine.rung` processes of a ladder started in its own session (process group = the ladder's pid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == ladder_pid and b"engine.rung" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+    return found
+
+
+def test_a_rung_process_that_dies_under_a_living_ladder_is_ended_failed_not_rerun(tmp_path):
+    """The kernel's OOM killer, or torchrun killing a rank after another rank's failure: the rung process dies
+    without ending its run. The ladder records the run failed with the exit status it saw and stops (a compare
+    ladder); a resume would otherwise re-run it for ever."""
+    path, ledger = frozen(tmp_path, LONG)
+    process = _start_run(path, ledger)
+    try:
+        _wait_for(ledger, "window")
+        pids = _rung_processes(process.pid)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    summary = json.loads(out)
+    assert summary["stopped"] == "failed" and not summary["complete"]
+    state, report = state_of(ledger)
+    assert report.ok
+    [run] = state.runs
+    assert run.status == "failed" and run.totals["rc"] == -signal.SIGKILL
+    assert "ended by the ladder" in run.ended_by["error"] and run.totals["steps"] >= 1
