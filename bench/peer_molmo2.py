@@ -159,6 +159,8 @@ OURS = {
     "fast-c3": ({"backward_chunks": 3, **FAST}, ALL_SIX),
     "fast-c2": ({"backward_chunks": 2, **FAST}, ALL_SIX),
     "fast-c1": ({"backward_chunks": 1, **FAST}, ALL_SIX),
+    # X1 on top: the frozen ViT's attention in bf16 (a numerics change: an item with oracles before it lands)
+    "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
 }
 
 

@@ -420,3 +420,57 @@ def test_cuda_p1_runs_cudnn_in_training_only(cuda_setup):
 
     assert any("cudnn" in k and "sdpa" in k for k in kernels(True))
     assert not any("cudnn" in k and "sdpa" in k for k in kernels(False))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# X1 (vit_bf16_attention): the frozen ViT's attention off fp32, training mode only
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _vit_float32_flags(model, batch: ARBatch, monkeypatch) -> list:
+    """The float32 override each ViT attention call receives (None: the config's fp32)."""
+    from engine.molmo2.vision import DotProductAttention
+
+    seen = []
+    real = DotProductAttention.forward
+
+    def spy(self, x_q, x_kv=None, mask=None, float32=None):
+        if mask is None:  # the ViT blocks' self-attention (the pooling passes its mask)
+            seen.append(float32)
+        return real(self, x_q, x_kv, mask, float32)
+
+    monkeypatch.setattr(DotProductAttention, "forward", spy)
+    encode_prefix(model, batch.prefix)
+    return seen
+
+
+def test_x1_reaches_the_vit_in_training_only(batch, monkeypatch):
+    model = tiny_model(switches=Switches(vit_bf16_attention=True)).train()
+    assert model.config.vision.float32_attention  # the hub's setting that X1 overrides
+    flags = _vit_float32_flags(model, batch, monkeypatch)
+    assert flags and set(flags) == {False}
+    assert set(_vit_float32_flags(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
+    assert set(_vit_float32_flags(tiny_model().train(), batch, monkeypatch)) == {None}  # HEAD
+
+
+def test_x1_on_cpu_trains_bitwise_like_head(batch):
+    """No autocast on a CPU: q, k, v are fp32 either way, so X1 changes nothing there (like P1)."""
+    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
+    other_logits, other_grads = _fwd_bwd(Switches(vit_bf16_attention=True), batch, ar_split=True)
+    assert torch.equal(logits, other_logits) and all(torch.equal(grads[n], other_grads[n]) for n in grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_x1_changes_image_features_within_bf16_noise(cuda_setup):
+    """Under bf16 autocast X1 really changes the ViT's numerics (not bitwise), by bf16 rounding only."""
+    model, batch = cuda_setup
+    p = batch.prefix
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        model.switches = HEAD
+        fp32 = model.image_features(p.pixel_values, p.image_token_pooling).float()
+        model.switches = Switches(vit_bf16_attention=True)
+        bf16 = model.image_features(p.pixel_values, p.image_token_pooling).float()
+    model.switches = HEAD
+    assert not torch.equal(fp32, bf16)
+    assert float((fp32 - bf16).abs().max()) <= 2e-2 * float(fp32.abs().max())  # bf16 carries 8 bits of mantissa

@@ -93,6 +93,9 @@ def test_probes_fail_where_they_must(tiny):
     observed = tiny.probe("one_step", "suffix_cudnn", {})
     assert "CUDA backend" in observed["error"]
     assert not judge("tolerance", observed, {"loss_abs": 1e-3}).passed
+    # X1 changes a dtype only under CUDA autocast: on a CPU its parity probes would compare a thing with itself.
+    observed = tiny.probe("loss_curve", "vit_bf16_attention", {"steps": 2})
+    assert "X1 switches nothing" in observed["error"]
 
 
 def test_tiny_model_learns_the_rig():

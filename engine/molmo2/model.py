@@ -132,7 +132,10 @@ class Molmo2Model(nn.Module):
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
-        return vision(pixel_values, image_token_pooling)
+        # X1 (vit_bf16_attention), training mode only: the frozen ViT's attention in the autocast dtype instead
+        # of the hub's fp32; evaluation and decode keep the hub's numerics, so decode byte-anchors stay valid.
+        bf16 = self.training and self.switches.vit_bf16_attention
+        return vision(pixel_values, image_token_pooling, False if bf16 else None)
 
     def _blocks(self) -> list[DecoderBlock]:
         return self._compiled_blocks if self.execution.compile else list(self.transformer.blocks)

@@ -44,6 +44,17 @@ def cudnn_unavailable(runner: "Molmo2Runner") -> str | None:
     return None
 
 
+def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
+    """Why a switch cannot take effect on this profile (its parity probes then fail with that reason: a probe
+    that compares two identical computations would pass vacuously), or None."""
+    if switch == "suffix_cudnn":
+        return cudnn_unavailable(runner)
+    if switch == "vit_bf16_attention" and runner.device.type != "cuda":
+        return (f"X1 changes the ViT's attention dtype only under CUDA bf16 autocast; profile {runner.profile.name} "
+                "trains in fp32 on the CPU, where X1 switches nothing")
+    return None
+
+
 def _switches(switch: str) -> Switches:
     return Switches.from_names([switch])
 
@@ -58,7 +69,7 @@ def _grad_digests(model: torch.nn.Module) -> dict[str, str]:
 
 def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """One optimizer step, HEAD vs item: loss, gradient norm, and a hash of every parameter's gradient."""
-    if switch == "suffix_cudnn" and (why := cudnn_unavailable(runner)):
+    if why := switch_inert(runner, switch):
         return {"error": why}
     results = []
     for switches in (HEAD, _switches(switch)):
@@ -79,7 +90,7 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
 
 def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """An N-step loss curve from the same init and data, HEAD vs item (this runs backward: the crash gate too)."""
-    if switch == "suffix_cudnn" and (why := cudnn_unavailable(runner)):
+    if why := switch_inert(runner, switch):
         return {"error": why}
     steps = int(oracle.get("steps") or 20)
     curves = []

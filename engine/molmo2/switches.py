@@ -29,6 +29,9 @@ class Switches:
     masked_loss_sums: bool = False
     # P4: no clone of the prefix embedding before the in-place masked feature add.
     no_embed_clone: bool = False
+    # X1 (not a seed item; issue 5's profile): the frozen ViT's attention in the autocast dtype (bf16 under CUDA
+    # autocast: FLASH) instead of the hub's fp32 float32_attention, in training mode only. A numerics change.
+    vit_bf16_attention: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

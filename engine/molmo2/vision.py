@@ -28,12 +28,14 @@ class DotProductAttention(nn.Module):
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
-        self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None
+        self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        float32: bool | None = None,
     ) -> torch.Tensor:
+        """`float32` overrides the configured float32_attention for this call (None: the config's)."""
         x_kv = x_q if x_kv is None else x_kv
         q, k, v = self._heads(self.wq(x_q)), self._heads(self.wk(x_kv)), self._heads(self.wv(x_kv))
         dtype = q.dtype
-        if self.float32:
+        if self.float32 if float32 is None else float32:
             # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype.
             with torch.autocast(q.device.type, enabled=False):
                 attn = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
@@ -62,8 +64,8 @@ class ViTBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
         self.ffn_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, float32_attention: bool | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), float32=float32_attention)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -84,13 +86,14 @@ class VisionTransformer(nn.Module):
         self.positional_embedding = nn.Parameter(torch.empty(v.num_positions, v.hidden_size))
         self.transformer = _Blocks(v, stored_layers)
 
-    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...]) -> torch.Tensor:
-        """pixels: [n_crops, n_patches, patch_dim] -> the tapped blocks' outputs concatenated in `taps` order."""
+    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...], float32_attention: bool | None = None) -> torch.Tensor:
+        """pixels: [n_crops, n_patches, patch_dim] -> the tapped blocks' outputs concatenated in `taps` order.
+        `float32_attention` overrides the config's for every block (None: the config's)."""
         x = self.patch_embedding(pixels)
         x = x + self.positional_embedding[None].to(x.dtype)
         tapped: dict[int, torch.Tensor] = {}  # only the taps are kept alive (25 block outputs would not be small)
         for index, block in enumerate(self.transformer.resblocks):
-            x = block(x)
+            x = block(x, float32_attention)
             if index in taps:
                 tapped[index] = x
         return torch.cat([tapped[i] for i in taps], dim=-1)
@@ -121,7 +124,7 @@ class VisionBackbone(nn.Module):
                                                     a.float32_attention)  # fmt: skip
         self.image_projector = ImageProjector(a.hidden_size, a.intermediate_size, config.text.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_float32_attention: bool | None = None) -> torch.Tensor:
         """pixel_values [n_crops, n_patches, patch_dim] (every crop of the batch); token_pooling [n_tokens, k]:
         per output token, k indices into the flattened (n_crops * n_patches) features, -1 = invalid slot.
         Returns [n_tokens, text_hidden], one row per pooled token, in order.
@@ -133,7 +136,7 @@ class VisionBackbone(nn.Module):
         if pixel_values.shape[1] != expected:
             raise ValueError(f"pixel_values has {pixel_values.shape[1]} patches per crop; this geometry has "
                              f"{expected} (the positional table is never interpolated)")  # fmt: skip
-        features = self.image_vit(pixel_values, self.config.vit_taps)
+        features = self.image_vit(pixel_values, self.config.vit_taps, vit_float32_attention)
         flat = features.reshape(-1, features.shape[-1])
         valid = token_pooling >= 0
         to_pool = flat[token_pooling.clamp(min=0)] * valid[..., None].to(flat.dtype)  # [n_tokens, k, dim]
