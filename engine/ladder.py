@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runlock import RunLock
+from engine.workload import memory_directory, snapshots_in
 from prereg.actions import check_source_unchanged
 from prereg.errors import InvalidInput, LedgerCorrupt, Refused
 from prereg.ledger import Ledger
@@ -195,13 +196,12 @@ class Ladder:
             if run.run_id not in run_ids or run.status != "running":
                 continue
             windows = list(self.ledger.entries(reg_id=self.reg_id, kinds=("window",), ref=run.run_id))
-            memory = Path(REPO_ROOT, "reports", self.reg_id, "memory", run_ids[0])
             self.ledger.append("run-end", self.reg_id, {
                 "rung": run.rung, "status": "failed",
                 "ended_by": {"error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"},
                 "totals": {"rc": rc, "steps": windows[-1].data["step"] if windows else 0, "wall_s": round(wall_s, 4),
                            "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4), "world_size": profile.world_size},
-                "memory_snapshots": sorted(str(p) for p in memory.glob("*.pickle")) or None,
+                "memory_snapshots": snapshots_in(REPO_ROOT / memory_directory(self.reg_id, run_ids[0])),
             }, ref=run.run_id)
             self.say(f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded failed")
 

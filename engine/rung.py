@@ -129,13 +129,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     """The rung's loop on one rank (the only one, or one of several: see the module docstring)."""
-    from engine.workload import make_runner
+    from engine.workload import MEMORY_DIR_VARIABLE, make_runner, memory_directory, snapshots_in
 
     runs = []
     for spec in args.run:
         run_id, _, rest = spec.partition("=")
         label, declared, items = rest.split(":")
         runs.append({"run": run_id, "label": label, "rung": declared, "items": tuple(i for i in items.split(",") if i)})
+    memory = memory_directory(args.reg, runs[0]["run"])  # a `memory_snapshot` rung's allocation snapshots
 
     from prereg.workload import get_workload
 
@@ -175,8 +176,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     rc = 0
     runner = None
     try:
-        # Where a rung with `memory_snapshot` writes its allocation snapshots (engine/molmo2/memory_snapshot.py).
-        os.environ["PREREG_MEMORY_DIR"] = os.path.join("reports", args.reg, "memory", runs[0]["run"])
+        os.environ[MEMORY_DIR_VARIABLE] = str(memory)
         load_start = time.monotonic()
         runner = make_runner(declaration, profile, plan["config"], plan["seed"])
         runner.load()
@@ -252,7 +252,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                        "wall_s": round(wall, 4), "world_size": ranks.world_size,
                        "load_start_s": round(load_start - PROCESS_START, 4)},
             "parallel": getattr(runner, "parallel", None),
-            "memory_snapshots": getattr(runner, "memory_snapshots", None),
+            "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
         }, ref=run["run"])
     emit({"event": "end", "status": status})
     return rc

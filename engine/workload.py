@@ -11,12 +11,26 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from prereg.workload import Profile, WorkloadDeclaration
 
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+# The runner writes a `memory_snapshot` rung's allocation snapshots where this variable points (the rung sets it).
+MEMORY_DIR_VARIABLE = "PREREG_MEMORY_DIR"
+
+
+def memory_directory(reg_id: str, run_id: str) -> Path:
+    """Where a rung process's allocation snapshots go, relative to the repository root (the rung's cwd); an
+    interleaved process is named after its first run."""
+    return Path("reports", reg_id, "memory", run_id)
+
+
+def snapshots_in(directory: Path) -> list[str] | None:
+    """The snapshots a rung process left (after its first window, at an out-of-memory), for its run-end."""
+    return sorted(str(p) for p in directory.glob("*.pickle")) or None
 
 
 class Ranks:

@@ -11,7 +11,7 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   (above the diagonal, outside the image blocks) are skipped, the rest run fused, GQA included.
 - compile: each decoder block is wrapped in torch.compile, and so is the frozen vision tower. The blocks share one
   code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
-  residual adds fuse. Shapes are specialised (each new one compiles once, ~15 s at 4B on an H200), so compiled
+  residual adds fuse. Shapes are specialised (each new one compiles once, 10-30 s at 4B on an H200), so compiled
   runs pad to multiples of 16 (engine/molmo2/workload.py).
 """
 

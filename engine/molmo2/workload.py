@@ -31,7 +31,7 @@ from engine.molmo2.prompt import ByteTokenizer, TokenLayout, parse_suffix
 from engine.molmo2.rig import RigDataset
 from engine.molmo2.switches import HEAD, Switches
 from engine.molmo2.train import Step, TrainConfig, Trainer, prepare_step
-from engine.workload import Ranks
+from engine.workload import MEMORY_DIR_VARIABLE, Ranks
 from prereg.workload import Profile
 
 
@@ -64,8 +64,9 @@ GEOMETRIES = {
 
 
 # Compiled runs pad the prefix and the suffix to multiples of 16, so a pool's chunks share a few shapes (each
-# distinct shape is one compilation of the decoder block, ~15 s on an H200). 128 (FlexAttention's block) cost 6%
-# more padded tokens for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b.json).
+# distinct shape is one compilation, 10-30 s on an H200). 128 (FlexAttention's block) padded 17.3% of the tokens
+# against 14.1% for 16, for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b_run1_pad128
+# and _run2_pad16).
 COMPILED_PAD_MULTIPLE = (16, 16)
 
 
@@ -104,8 +105,7 @@ class Molmo2Runner:
         self.parallel = describe(config, self.ranks.world_size)
         # seed 003's BIJOU_MEM_SNAPSHOT as run config: allocation history from load, a snapshot after the first
         # window and at an out-of-memory (refused on a CPU profile, by the instrument)
-        self.memory = MemoryInstrument.from_config(config, self.device, os.environ.get("PREREG_MEMORY_DIR", "reports/memory"))
-        self.memory_snapshots: list[str] | None = None
+        self.memory = MemoryInstrument.from_config(config, self.device, os.environ.get(MEMORY_DIR_VARIABLE, "reports/memory"))
         self._initial: dict[str, torch.Tensor] | None = None
         self.trainer: Trainer | None = None
         self.switches = HEAD
@@ -188,7 +188,6 @@ class Molmo2Runner:
                 window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
             # After the first window the last step's gradients and the optimizer state are still live.
             self.memory.dump_once("first-window", *holders())
-            self.memory_snapshots = sorted(str(p) for p in self.memory.directory.glob("*.pickle"))
         self.cursor += window["steps"]
         return window
 
