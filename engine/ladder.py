@@ -122,7 +122,10 @@ def pending_rungs(reg: Registration, state: RegistrationState) -> list[tuple[Pla
     return out
 
 
-def until_pass_decided(reg: Registration, state: RegistrationState) -> str | None:
+def until_pass_decided(reg: Registration, ledger: Ledger, reg_id: str) -> str | None:
+    """The rung that passed, judged as the verdict judges it: with the windows, since a pass rule may read a
+    window metric (vram_peak_gib, loss); judged without them, such a rule never passes and the ladder runs on."""
+    state = load_state(ledger, reg_id, with_windows=True)
     views = rung_views(reg, state)
     passed, _, _ = judge_until_pass(state, views, VerdictEnv(reg, state, views, None, None))
     return passed
@@ -297,7 +300,7 @@ class Ladder:
         while self.stopping is None:
             state = load_state(self.ledger, self.reg_id, with_windows=False)
             reg = state.registration()
-            if reg.protocol.kind == "until_pass" and until_pass_decided(reg, state):
+            if reg.protocol.kind == "until_pass" and until_pass_decided(reg, self.ledger, self.reg_id):
                 break
             pending = pending_rungs(reg, state)
             if not pending:
@@ -361,7 +364,7 @@ class Ladder:
         reg = state.registration()
         remaining = [f"oracle {o.id}" for i in reg.items for o in i.oracles if o.id not in state.oracles]
         remaining += [label for _, label in pending_rungs(reg, state)]
-        if reg.protocol.kind == "until_pass" and until_pass_decided(reg, state):
+        if reg.protocol.kind == "until_pass" and until_pass_decided(reg, self.ledger, self.reg_id):
             remaining = []
         seq, head = self.ledger.head()
         cost = cost_summary(reg, state)

@@ -253,8 +253,14 @@ rungs = ["R1"]
 '''
 
 
-def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path):
-    path, ledger = frozen(tmp_path, UNTIL_PASS)
+@pytest.mark.parametrize("pass_rule", [
+    "rc == 0 and steps >= 6",
+    # a window metric in the rule: the ladder must judge with the windows, as the verdict does (the H200 F1
+    # ladder ran its rung8 after rung7 had passed `vram_peak_gib <= 125`: the ladder judged without windows)
+    "rc == 0 and steps >= 6 and loss < 1e9",
+])
+def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path, pass_rule):
+    path, ledger = frozen(tmp_path, UNTIL_PASS.replace('pass_rule = "rc == 0 and steps >= 6"', f'pass_rule = "{pass_rule}"'))
     summary = run_json("micro", path, ledger)
     assert summary["complete"], summary
     state, report = state_of(ledger)
