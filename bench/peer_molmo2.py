@@ -13,8 +13,9 @@ plus attention 12 x layers x heads x head_dim x (sum over rows of prefix length^
 MFU = FLOPs / s_per_step / measured bf16 matmul rate.
 
 Our arms (OURS below) differ from HEAD only by switches and run config: FlexAttention for the prefix, compiled
-decoder blocks, length-bucketed steps, fewer backward chunks (engine/molmo2/execution.py). Each arm loads its own
-runner (its own pool: bucketing regroups the same 48 samples), so every arm and the peer see the same samples.
+decoder blocks, length-bucketed steps (or HEAD's steps cut into chunks by camera count), fewer backward chunks
+(engine/molmo2/execution.py). Each arm loads its own runner (its own pool: bucketing regroups the same 48 samples
+into other steps), so every arm and the peer see the same samples per pass of the pool.
 
     python bench/peer_molmo2.py --profile h200-4b --ours head,fast-c2 --peer-chunks 6 [--warmup 4 --cycles 3]
 """
@@ -159,6 +160,9 @@ OURS = {
     "fast-c3": ({"backward_chunks": 3, **FAST}, ALL_SIX),
     "fast-c2": ({"backward_chunks": 2, **FAST}, ALL_SIX),
     "fast-c1": ({"backward_chunks": 1, **FAST}, ALL_SIX),
+    # The fast path on HEAD's own steps (chunk_by_cameras): each step keeps its samples and is cut into chunks by
+    # camera count, so it trains as HEAD does (bucket_by_length's steps regroup the samples: another trajectory)
+    "fast-c1-same-steps": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True}, ALL_SIX),
     # X1 on top: the frozen ViT's attention in bf16 (a numerics change: an item with oracles before it lands)
     "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
 }

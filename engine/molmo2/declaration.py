@@ -122,7 +122,8 @@ CONFIG_KEYS = {
         ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
         ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
         ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
-        ConfigKey("bucket_by_length", bool, "length-bucketed batching by camera count"),
+        ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)"),
+        ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
         ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("fps", int, "action frames per second"),
     ]

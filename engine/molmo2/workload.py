@@ -94,7 +94,12 @@ class Molmo2Runner:
         self.train_config = train_config(config)
         self.camera_counts = tuple(config.get("camera_counts", (1, 2)))
         self.max_crops = int(config.get("max_crops", 1))
+        # bucket_by_length regroups the pool's samples into steps by camera count: cheaper steps, but other steps
+        # than HEAD's, so another optimisation trajectory (molmo2-fast-h200's expectation 3: loss 4.14 vs HEAD's
+        # 2.93 after 24 steps; seed 002: "paired arms must share the flag"). chunk_by_cameras keeps HEAD's steps
+        # and cuts only each step's chunks where the camera counts meet: the step's gradient is HEAD's.
         self.bucket_by_length = bool(config.get("bucket_by_length", False))
+        self.chunk_by_cameras = self.bucket_by_length or bool(config.get("chunk_by_cameras", False))
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"), compile=config.get("compile", False))
         if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
             raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
@@ -161,7 +166,7 @@ class Molmo2Runner:
         size = self.train_config.chunk_size
         samples = [data.sample(i) for i in indices]
         groups = [samples]
-        if self.bucket_by_length:
+        if self.chunk_by_cameras:
             # Where the camera counts meet inside a step, the chunk splits there too: a one-camera sample never
             # pads to a two-camera prefix. Chunk sizes then vary; the loss is normalised by the step's token
             # count, so the step's gradient is the same however it is chunked.
