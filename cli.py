@@ -126,8 +126,11 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
     del ledger  # every verb takes --ledger (DESIGN.md); check reads no ledger, so scripts may pass it anyway
     from prereg.documents import document_hash, load_registration
 
+    from prereg.pairing import refuse_unpaired
+
     with verb(as_json):
         reg, _ = load_registration(file)
+        refuse_unpaired(reg, str(file))
         payload = {"id": reg.id, "doc_hash": document_hash(reg), "valid": True, "items": [i.id for i in reg.items],
                    "rungs": [r.id for r in reg.protocol.rungs], "reads": list(reg.reads), "rules": [r.id for r in reg.rules]}
         if emit(as_json, payload):

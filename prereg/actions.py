@@ -13,6 +13,8 @@ from prereg.canonical import canonical_hash, encode_nonfinite, file_hash
 from prereg.documents import document_dict, document_hash, load_amendment, load_record, load_registration, validate
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
+from prereg.pairing import FIX as PAIRING_FIX
+from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
 from prereg.provenance import git_state, tool_version
 from prereg.schema import Registration
@@ -48,6 +50,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             where=str(path),
             fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
         )
+    refuse_unpaired(reg, str(path))
     entry = ledger.append(
         "freeze",
         reg.id,
@@ -87,6 +90,9 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
         raise InvalidInput(error.message, where=str(path), fix=error.fix) from None
     if review.post_hoc and not post_hoc:
         refuse_post_hoc(review)
+    introduced = set(unpaired_comparisons(new_reg)) - set(unpaired_comparisons(state.registration()))
+    if introduced:
+        raise InvalidInput("; ".join(sorted(introduced)), where=str(path), fix=PAIRING_FIX)
     entry = ledger.append(
         "amend",
         reg_id,

@@ -22,6 +22,9 @@ class Metric:
     description: str
     eval_only: bool = False  # present only on evaluation windows (probe metrics)
     relative_ok: bool = True  # whether a bootstrap interval makes sense for reads over it
+    # Whether the value depends on which samples shared each step (a loss, an evaluation of the trained weights):
+    # two rungs compare on it only if they trained on the same steps (prereg/pairing.py). Speed and memory do not.
+    paired: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ConfigKey:
     name: str
     type: type | tuple[type, ...]
     description: str
+    regroups_samples: bool = False  # a value that puts other samples together in a step (bucketing): unpaired rungs
 
 
 @dataclass(frozen=True)

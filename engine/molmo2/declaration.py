@@ -70,7 +70,7 @@ METRICS = {
     for m in [
         _m("s_per_step", "s", "median", "device-synchronized seconds per training step"),
         _m("tokens_per_s", "tok/s", "median", "tokens per second (useful tokens, padding excluded)"),
-        _m("loss", "nats", "median", "training loss"),
+        _m("loss", "nats", "median", "training loss", paired=True),
         _m("finite", "bool", "last", "every loss and gradient in the window was finite", relative_ok=False),
         _m("vram_peak_gib", "GiB", "max", "allocated device memory, lifetime peak"),
         _m("vram_window_peak_gib", "GiB", "max", "allocated device memory, this window's peak"),
@@ -80,14 +80,14 @@ METRICS = {
         _m("steps", "steps", "last", "steps completed", relative_ok=False),
         _m("load_s", "s", "last", "model load time of the rung process"),
         _m("gpu_s", "GPU-s", "last", "device-seconds held by the rung: wall time from start to end x devices"),
-        _m("probe_chunk_mae", "action units", "last", "greedy-decoded action chunk MAE on held-out episodes", True),
-        _m("probe_first_mae", "action units", "last", "greedy-decoded first-action MAE on held-out episodes", True),
+        _m("probe_chunk_mae", "action units", "last", "greedy-decoded action chunk MAE on held-out episodes", True, paired=True),
+        _m("probe_first_mae", "action units", "last", "greedy-decoded first-action MAE on held-out episodes", True, paired=True),
         _m("world_size", "ranks", "last", "processes in the rung", relative_ok=False),
         # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
-        _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True),
-        _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True),
-        _m("state_copy_chunk_mae", "action units", "last", "state-copy fallback rows, chunk MAE", True),
-        _m("state_copy_first_mae", "action units", "last", "state-copy fallback rows, first-action MAE", True),
+        _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True, paired=True),
+        _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True, paired=True),
+        _m("state_copy_chunk_mae", "action units", "last", "state-copy fallback rows, chunk MAE", True, paired=True),
+        _m("state_copy_first_mae", "action units", "last", "state-copy fallback rows, first-action MAE", True, paired=True),
     ]
 }
 
@@ -122,7 +122,8 @@ CONFIG_KEYS = {
         ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
         ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
         ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
-        ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)"),
+        ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
+                  regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
         ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("fps", int, "action frames per second"),
