@@ -5,8 +5,7 @@
 # Each ladder still sees one GPU of its own; the host's CPUs (32 cores) are shared, compilation included.
 # ledger.db comes back under $OUT, to be committed; each ladder's log is $OUT/run-<reg>.log.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120
+source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
 gpu=0
 for reg in ${REGS:?name the registrations}; do
@@ -20,3 +19,4 @@ for reg in $REGS; do
   echo "== $reg"; tail -4 "$OUT/run-$reg.log"
   python3 cli.py audit show "$reg" --ledger ledger.db | tail -10
 done
+save_compile_cache

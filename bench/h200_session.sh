@@ -6,8 +6,7 @@
 #   final   peer, then ladder
 # Whatever touches ledger.db brings it back under $OUT, to be committed here.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120
+source bench/device_env.sh
 REG=${REG:-molmo2-perf-pass1-h200}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 case "${PART:-ladder}" in
@@ -16,7 +15,7 @@ case "${PART:-ladder}" in
     python3 bench/peer_molmo2.py --profile h200-4b --ours "${OURS:-head,fast-c2,fast-c1}" --peer-chunks "${PEER:-6}" \
       --profile-arm "${PROFILE_ARM:-}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --out "$OUT" > "$OUT/peer.log" 2>&1
     grep -A12 '^conditions' "$OUT/peer.log"
-    [ "${PART}" = peer ] && exit 0 ;;
+    [ "${PART}" = peer ] && { save_compile_cache; exit 0; } ;;
   bench)
     python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
 esac
@@ -25,3 +24,4 @@ tail -5 "$OUT/run.log"
 python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
 cp ledger.db "$OUT/ledger.db"
 python3 cli.py audit show "$REG" --ledger ledger.db | tail -15
+save_compile_cache

@@ -2,11 +2,11 @@
 # Two H200s of one host (kind nvidia-h200-x2), one command:
 #   1. bench/ddp_step.py: the two-GPU DDP step next to the one-GPU step at the same per-rank batch;
 #   2. a time-budgeted slice of the F1 ladder molmo2-ar-f1-h200x2 (BUDGET_S), then its report WRITTEN HERE, where
-#      the rungs' allocation snapshots are (the report embeds their forensics; the pickles stay behind);
+#      the rungs' allocation snapshots are (the report embeds their forensics; the pickles stay behind), as report.tgz;
 #   3. ledger.db back under $OUT, to be committed.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120 NCCL_NVLS_ENABLE=0  # NVLink multicast off (KINDS.md)
+source bench/device_env.sh
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (KINDS.md)
 REG=${REG:-molmo2-ar-f1-h200x2}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "${DDP_STEP:-1}" = 1 ]; then
@@ -17,5 +17,8 @@ python3 cli.py run "$REG" --budget-s "${BUDGET_S:-400}" --ledger ledger.db > "$O
 tail -12 "$OUT/run.log"
 python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
 cp ledger.db "$OUT/ledger.db"
-python3 cli.py report "$REG" --ledger ledger.db --out "$OUT/report" > /dev/null 2>&1 || echo "report: not yet (no verdict data)"
+# The report is 8 files and a call brings back 8 in all: it comes back as one archive.
+python3 cli.py report "$REG" --ledger ledger.db --out /tmp/report > /dev/null 2>&1 && tar czf "$OUT/report.tgz" -C /tmp report \
+  || echo "report: not yet (no verdict data)"
 python3 cli.py audit show "$REG" --ledger ledger.db | tail -12
+save_compile_cache
