@@ -12,6 +12,7 @@ differ in such a key. Comparing speed or memory across them stays allowed: that 
 
 from __future__ import annotations
 
+from prereg.errors import InvalidInput
 from prereg.rules import Scope, compile_expr
 from prereg.schema import Registration
 from prereg.workload import get_workload
@@ -52,8 +53,9 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
     expressions += [(f"expectations.{e.n}{e.part or ''}.check", e.check, "expectations") for e in reg.expectations]
     problems = []
     for where, text, kind in expressions:
-        compared = sorted({rung for rung, metric in used(text, kind) if metric in paired})
-        metrics = sorted({metric for rung, metric in used(text, kind) if metric in paired})
+        references = [(rung, metric) for rung, metric in used(text, kind) if metric in paired]
+        compared = sorted({rung for rung, _ in references})
+        metrics = sorted({metric for _, metric in references})
         differing = [key for key in regrouping if len({values[rung][key] for rung in compared}) > 1]
         if len(compared) > 1 and differing:
             settings = "; ".join(f"{key}: " + ", ".join(f"{rung}={values[rung][key]}" for rung in compared) for key in differing)
@@ -66,6 +68,4 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
 def refuse_unpaired(reg: Registration, where: str) -> None:
     problems = unpaired_comparisons(reg)
     if problems:
-        from prereg.errors import InvalidInput
-
         raise InvalidInput("; ".join(problems), where=where, fix=FIX)
