@@ -125,7 +125,6 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
     """Validate a registration and print the resolved plan; writes nothing."""
     del ledger  # every verb takes --ledger (DESIGN.md); check reads no ledger, so scripts may pass it anyway
     from prereg.documents import document_hash, load_registration
-
     from prereg.pairing import refuse_unpaired
 
     with verb(as_json):

@@ -28,6 +28,7 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
         return []
     workload = get_workload(reg.workload)
     regrouping = [key.name for key in workload.config_keys.values() if key.regroups_samples]
+    assert all(workload.config_keys[key].type is bool for key in regrouping), "a regrouping key is a flag: unset is False"
     paired = {metric.name for metric in workload.metrics.values() if metric.paired}
     if not regrouping or not paired:
         return []
