@@ -163,6 +163,10 @@ OURS = {
     # The fast path on HEAD's own steps (chunk_by_cameras): each step keeps its samples and is cut into chunks by
     # camera count, so it trains as HEAD does (bucket_by_length's steps regroup the samples: another trajectory)
     "fast-c1-same-steps": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True}, ALL_SIX),
+    # ... compiled with automatic dynamic shapes: fewer compilations for HEAD's many chunk shapes (warm-up times
+    # in the row say what it saves); whether its kernels are as fast is the s/step beside fast-c1-same-steps
+    "fast-c1-same-steps-dyn": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True,
+                                "compile_dynamic": True}, ALL_SIX),
     # X1 on top: the frozen ViT's attention in bf16 (a numerics change: an item with oracles before it lands)
     "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
 }

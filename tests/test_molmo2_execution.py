@@ -126,10 +126,38 @@ def test_compiled_model_keeps_the_checkpoint_layout():
     assert set(model.state_dict()) == keys  # the compiled wrappers are not submodules
 
 
-@pytest.mark.parametrize(("field", "value"), [("prefix_attention", "dense"), ("compile", "yes")])
+@pytest.mark.parametrize(("field", "value"), [("prefix_attention", "dense"), ("compile", "yes"), ("dynamic", 1)])
 def test_execution_refuses_unknown_values(field, value):
     with pytest.raises(ValueError, match=field):
-        Execution(**{field: value})
+        Execution(**{field: value, **({"compile": True} if field == "dynamic" else {})})
+
+
+def test_dynamic_shapes_need_compile():
+    with pytest.raises(ValueError, match="compile_dynamic = true needs compile = true"):
+        Molmo2Runner(PROFILES["cpu-tiny"], {"compile_dynamic": True}, seed=0)
+
+
+MORE_ROWS = ROWS + [Row(images=1, text=9, aux=2, fast=2), Row(images=2, text=4, aux=1, fast=3)]
+
+
+def test_dynamic_compile_reuses_one_graph_for_new_batch_sizes_and_computes_what_eager_does():
+    """compile_dynamic: after the first new size (one recompile, the size made symbolic), batches of other sizes
+    reuse the graphs; each batch's logits match eager's. Forward only, to keep CPU compilation short; training
+    parity on CUDA is the GPU test below."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model(seed=5).eval()
+    compiled = tiny_model(seed=5).eval()
+    compiled.set_execution(Execution(compile=True, dynamic=True))
+    graphs = []
+    for size in (3, 2, 4, 5):
+        b = make_batch(tiny_config(), MORE_ROWS[:size], seed=20 + size)
+        with torch.no_grad():
+            assert _max_logit_diff(ar_forward(model, b), ar_forward(compiled, b)) <= FORWARD_ATOL
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] > graphs[0] and graphs[3] == graphs[2] == graphs[1], graphs  # sizes 4 and 5: no new graph
 
 
 def test_flex_is_refused_on_a_cpu_profile():
@@ -203,4 +231,27 @@ def test_cuda_flex_trains_like_sdpa(batch, execution):
     other = _train_step(batch, execution, "cuda")
     assert _max_logit_diff(eager[0], other[0]) <= FORWARD_ATOL
     name, diff = _worst_grad(eager[2], other[2])
+    assert diff <= GRAD_RTOL, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dynamic_compile_trains_like_eager():
+    """The symbolic-size graphs, not the first static one: a batch of another size after the first, compared with
+    eager SDPA on that batch."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_model(seed=5).to("cuda").train()
+    model.set_execution(Execution(prefix_attention="flex", compile=True, dynamic=True))
+    first = make_batch(tiny_config(), MORE_ROWS[:3], seed=31).to("cuda")
+    ar_loss_sums(ar_forward(model, first), first.suffix, HEAD)["loss_sum"].backward()
+    model.zero_grad(set_to_none=True)
+    second = make_batch(tiny_config(), MORE_ROWS[:4], seed=32)
+    on_device = second.to("cuda")
+    logits = ar_forward(model, on_device)
+    ar_loss_sums(logits, on_device.suffix, HEAD)["loss_sum"].backward()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    eager = _train_step(second, Execution(), "cuda")
+    assert _max_logit_diff(eager[0], logits.detach().cpu()) <= FORWARD_ATOL
+    name, diff = _worst_grad(eager[2], grads)
     assert diff <= GRAD_RTOL, name

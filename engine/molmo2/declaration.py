@@ -122,6 +122,7 @@ CONFIG_KEYS = {
         ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
         ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
         ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
+        ConfigKey("compile_dynamic", bool, "with compile: Dynamo's automatic dynamic shapes instead of one graph per shape"),
         ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
                   regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),

@@ -13,6 +13,10 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
   residual adds fuse. Shapes are specialised (each new one compiles once, 10-30 s at 4B on an H200), so compiled
   runs pad to multiples of 16 (engine/molmo2/workload.py).
+- compile_dynamic (with compile): Dynamo's automatic dynamic shapes instead of specialised ones: the first shape
+  compiles static, the first new size recompiles once with that size symbolic, and later sizes reuse that graph.
+  For pools of many shapes (chunk_by_cameras: two chunks of varying batch per step), where specialising costs a
+  compilation per shape; whether the symbolic kernels run as fast is bench/peer_molmo2.py's question.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ PREFIX_ATTENTION = ("sdpa", "flex")
 class Execution:
     prefix_attention: str = "sdpa"
     compile: bool = False
+    dynamic: bool = False  # config key compile_dynamic
 
     def __post_init__(self) -> None:
         if self.prefix_attention not in PREFIX_ATTENTION:
             raise ValueError(f"prefix_attention = {self.prefix_attention!r}; allowed: {list(PREFIX_ATTENTION)}")
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile = {self.compile!r}; allowed: true or false")
+        for name in ("compile", "dynamic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")
+        if self.dynamic and not self.compile:
+            raise ValueError("compile_dynamic = true needs compile = true: dynamic shapes are a way of compiling")
 
 
 EAGER = Execution()

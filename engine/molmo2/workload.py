@@ -100,7 +100,8 @@ class Molmo2Runner:
         # and cuts only each step's chunks where the camera counts meet: the step's gradient is HEAD's.
         self.bucket_by_length = bool(config.get("bucket_by_length", False))
         self.chunk_by_cameras = self.bucket_by_length or bool(config.get("chunk_by_cameras", False))
-        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"), compile=config.get("compile", False))
+        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"), compile=config.get("compile", False),
+                                   dynamic=config.get("compile_dynamic", False))  # fmt: skip
         if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
             raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
                              f"{profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
