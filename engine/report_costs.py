@@ -523,7 +523,7 @@ def compare_markdown(comparison: dict[str, Any], image: str | None = None) -> li
     lines += ["", ("**Both reach the same verdict**" if same else "**The verdicts differ**" if same is False else f"**Not comparable yet**: {comparison['why']}")
               + (f" ({a['outcome']} by rule {a['rule']})." if same else "." if same is False else ""), ""]
     saved = a["cost"]["gpu_s"] - b["cost"]["gpu_s"]
-    if a["cost"]["gpu_s"]:
+    if a["cost"]["gpu_s"] and b["cost"]["gpu_s"]:  # a ladder that has not run saves nothing: no sentence
         lines += [f"{b['id']} cost {_s(abs(saved))} device-seconds {'less' if saved >= 0 else 'more'} than {a['id']} "
                   f"({_pct(abs(saved), a['cost']['gpu_s'])} of {a['id']}'s total).", ""]
     if image:

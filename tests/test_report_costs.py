@@ -209,6 +209,10 @@ def test_sequential_and_interleaved_ladders_of_one_question_side_by_side(tmp_pat
     paths = [write(tmp_path, "micro.toml", MICRO), write(tmp_path, "micro-interleaved.toml", interleaved(MICRO, "micro-interleaved"))]
     for path, reg_id in zip(paths, ("micro", "micro-interleaved")):
         prereg("freeze", str(path), ledger=ledger)
+        if reg_id == "micro-interleaved":  # the twin has not run yet: not comparable, and no saving is claimed
+            prereg("report", "micro", "--compare", reg_id, "--out", str(tmp_path / "early"), ledger=ledger)
+            early = (tmp_path / "early" / "report.md").read_text()
+            assert "**Not comparable yet**" in early and "device-seconds less" not in early
         prereg("run", reg_id, "--file", str(path), ledger=ledger)
     before = ledger_fingerprint(ledger)
     out = tmp_path / "report"
