@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -81,6 +83,16 @@ def ledger_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def cli(ledger_path: Path, tmp_path: Path) -> Cli:
     return Cli(ledger_path, tmp_path)
+
+
+def prereg_process(*args: str, ledger: Path, check: bool, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`prereg ARGS --ledger LEDGER` as its own process, from the repository root: for what the in-process CLI
+    runner cannot do (the engine starts torch processes and handles signals)."""
+    result = subprocess.run([sys.executable, str(REPO / "cli.py"), *args, "--ledger", str(ledger)], cwd=REPO, capture_output=True,
+                            text=True, env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}, timeout=timeout)  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
 
 
 def ledger_fingerprint(db: Path) -> dict[str, str | None]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import prereg_process
 from prereg.ledger import Ledger
 from prereg.state import load_state
 
@@ -24,11 +25,7 @@ pytestmark = pytest.mark.xdist_group("engine")  # these tests each start several
 
 
 def prereg(*args: str, ledger: Path, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args, "--ledger", str(ledger)], cwd=ROOT,
-                            capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"}, timeout=600)
-    if check and result.returncode != 0:
-        raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
+    return prereg_process(*args, ledger=ledger, check=check)
 
 
 def registration(tmp_path: Path, text: str = MICRO, name: str = "micro.toml") -> Path:

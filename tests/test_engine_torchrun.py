@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import prereg_process
 from engine.ladder import FORWARDED_SIGNALS, rung_command
 from engine.molmo2.declaration import PROFILES
 from engine.molmo2.distributed import grad_sync_mode
@@ -53,11 +54,7 @@ relative = "NOWRAP.s_per_step / DDP.s_per_step"
 
 
 def prereg(*args: str, ledger: Path, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args, "--ledger", str(ledger)], cwd=ROOT,
-                            capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"}, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
+    return prereg_process(*args, ledger=ledger, check=check, timeout=300)
 
 
 def frozen(tmp_path: Path, text: str) -> tuple[Path, Path]:

@@ -5,16 +5,14 @@ differ only in their schedule, side by side — refused, with nothing written, w
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from conftest import MINI, ledger_fingerprint, write
+from conftest import ledger_fingerprint, MINI, prereg_process, write
 from engine.report_costs import PARTS, compare_schedules, ladder_cost, same_question
 from prereg import actions
 from prereg.ledger import Ledger
@@ -196,11 +194,7 @@ def test_a_number_the_split_needs_and_the_ledger_lacks_is_reported_missing(tmp_p
 
 
 def prereg(*args: str, ledger: Path, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args, "--ledger", str(ledger)], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}, timeout=600)
-    if check and result.returncode != 0:
-        raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
+    return prereg_process(*args, ledger=ledger, check=check)
 
 
 @pytest.mark.xdist_group("engine")  # starts torch processes: kept on one worker with the engine's tests
