@@ -117,6 +117,21 @@ def test_ceiling_stops_the_ladder(tmp_path):
     assert costs["registrations"][0]["overrun"] is True  # the gate's overrun is shown, never hidden
 
 
+def test_on_ceiling_continue_runs_every_rung_and_records_each_overrun(tmp_path):
+    text = MICRO.replace("ceiling_gpu_h = 0.5", "ceiling_gpu_h = 0.0003").replace('on_ceiling = "stop"', 'on_ceiling = "continue"')
+    path, ledger = frozen(tmp_path, text)
+    summary = run_json("micro", path, ledger)
+    assert summary["complete"] and summary["stopped"] is None
+    state, report = state_of(ledger)
+    assert report.ok
+    assert {r.status for r in state.runs} == {"finished"} and len(state.runs) == len(summary["runs"]) >= 2
+    # one ceiling entry before each rung, none hidden: the overrun is recorded, and the ladder went on
+    assert len(state.ceilings) == len(state.runs)
+    assert all(c["action"] == "continuing; the overrun is recorded" and c["on_ceiling"] == "continue" for c in state.ceilings)
+    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    assert costs["registrations"][0]["overrun"] is True
+
+
 def test_edited_registration_is_refused(tmp_path):
     path, ledger = frozen(tmp_path)
     path.write_text(MICRO.replace("steps = 6", "steps = 8"))
