@@ -209,6 +209,10 @@ def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
     state, report = state_of(ledger)
     assert report.ok  # every append was all-or-nothing
     assert [r.status for r in state.runs] == ["running"]
+    # Decided now, the killed run's windows count for nothing: no partial window reaches a read.
+    early = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    assert next(r for r in early["rungs"] if r["rung"] == "A")["windows"] == 0
+    assert early["reads"]["primary"] is None and early["outcome"] is None
 
     summary = run_json("micro", path, ledger)
     assert summary["complete"]
