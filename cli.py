@@ -353,7 +353,7 @@ def audit_costs(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
         table = Table("id", "GPU-s", "ceiling GPU-s", "load", "oracle", "steps", "external", "overrun", title="costs")
         for row in rows:
             split = row["split"]
-            table.add_row(esc(row["id"]), fmt(row["gpu_s"]), fmt(row["ceiling_gpu_s"]), fmt(split["load"]), fmt(split["oracle"]), fmt(split["steps"]), fmt(split["external"]),
+            table.add_row(esc(row["id"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""), fmt(row["gpu_s"]), fmt(row["ceiling_gpu_s"]), fmt(split["load"]), fmt(split["oracle"]), fmt(split["steps"]), fmt(split["external"]),
                           "[red]OVERRUN[/]" if row["overrun"] else "no")
         out.print(table)
 
@@ -372,6 +372,8 @@ def audit_calibration(ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             table.add_row(row["confidence"], fmt(row["p"]), str(row["n"]), str(row["hits"]), fmt(row["hit_rate"]), str(row["undefined"]))
         out.print(table)
         out.print(f"Brier score {fmt(result['brier'])} over {result['scored']} scored expectations")
+        if result["post_hoc"]:
+            out.print(f"[bold yellow]POST-HOC[/]: the verdicts of {esc(', '.join(result['post_hoc']))} stand on post-hoc amendments")
 
 
 @audit_app.command("export")

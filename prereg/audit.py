@@ -83,7 +83,7 @@ def audit_costs(ledger: Ledger) -> list[dict[str, Any]]:
     for reg_id in ledger.reg_ids():
         state = load_state(ledger, reg_id, with_windows=False)
         cost = cost_summary(state.registration(), state)
-        rows.append({"id": reg_id, **cost})
+        rows.append({"id": reg_id, **cost, "post_hoc": bool(state.post_hoc_paths())})
     return rows
 
 
@@ -91,11 +91,14 @@ def audit_calibration(ledger: Ledger) -> dict[str, Any]:
     """Hits per confidence level over every scored expectation of every latest verdict, and the Brier score."""
     levels: dict[str, dict[str, int]] = {level: {"n": 0, "hits": 0, "undefined": 0} for level in CONFIDENCE_PROBABILITY}
     squared_errors: list[float] = []
+    post_hoc: list[str] = []  # registrations whose scored verdict stands on a post-hoc amendment
     for reg_id in ledger.reg_ids():
         state = load_state(ledger, reg_id, with_windows=False)
         verdict = _latest_verdict(state)
         if verdict is None:
             continue
+        if verdict["post_hoc"]:
+            post_hoc.append(reg_id)
         for expectation in verdict["expectations"]:
             level = levels[expectation["confidence"]]
             if expectation["result"] == "undefined":
@@ -111,4 +114,4 @@ def audit_calibration(ledger: Ledger) -> dict[str, Any]:
         for name, v in levels.items()
     ]
     brier = sum(squared_errors) / len(squared_errors) if squared_errors else None
-    return {"levels": rows, "scored": len(squared_errors), "brier": brier}
+    return {"levels": rows, "scored": len(squared_errors), "brier": brier, "post_hoc": post_hoc}

@@ -116,6 +116,11 @@ def test_a_bound_change_after_the_oracle_has_a_result_is_post_hoc(cli: Cli, froz
     shown = cli.ok_json("audit", "show", "mini")
     assert shown["versions"][1]["post_hoc"] == [BOUND_PATH] and shown["post_hoc"] == [flag]
     assert f"POST-HOC: {flag}" in cli.ok("audit", "show", "mini").stdout
+    cli.ok("report", "mini", "--out", tmp_path / "report")
+    assert f"**POST-HOC**: {flag}" in (tmp_path / "report" / "report.md").read_text()
+    assert "POST-HOC" in (tmp_path / "report" / "report.html").read_text()
+    assert "POST-HOC" in cli.ok("audit", "costs").stdout
+    assert "POST-HOC" in cli.ok("audit", "calibration").stdout
 
 
 def test_a_post_hoc_bound_does_not_rejudge_the_result_it_saw(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
