@@ -24,6 +24,12 @@ MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
 pytestmark = pytest.mark.xdist_group("engine")  # these tests each start several torch processes: keep them on one worker
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def prereg(*args: str, ledger: Path, check: bool = False) -> subprocess.CompletedProcess:
     return prereg_process(*args, ledger=ledger, check=check)
 
@@ -308,12 +314,25 @@ def test_a_ledger_that_fails_verification_is_refused_before_anything_runs(tmp_pa
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine can honour a CUDA profile")
-def test_a_profile_this_machine_cannot_honour_is_refused(tmp_path):
+def test_a_profile_this_machine_cannot_honour_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible, on a GPU machine too
     path, ledger = frozen(tmp_path, MICRO.replace('profile = "cpu-tiny"', 'profile = "h200-4b"'))
     before = ledger.read_bytes()
     result = prereg("run", "micro", "--file", str(path), ledger=ledger)
     assert result.returncode == 3, (result.stdout, result.stderr)
     assert "needs CUDA" in result.stderr
+    assert ledger.read_bytes() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs CUDA")
+def test_a_profile_needing_more_gpus_than_are_visible_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    path, ledger = frozen(tmp_path, MICRO.replace('profile = "cpu-tiny"', 'profile = "h200x2-4b"'))
+    before = ledger.read_bytes()
+    result = prereg("run", "micro", "--file", str(path), ledger=ledger)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "needs 2 GPUs; this machine has 1" in result.stderr
     assert ledger.read_bytes() == before
 
 
