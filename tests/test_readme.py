@@ -56,12 +56,14 @@ def test_the_worked_example_runs_as_written(tmp_path):
     assert re.search(r"outcome: land-(hygiene|bundle) \(rule R[23]\)", text)
 
 
-def test_the_calibration_table_is_the_ledgers():
+def test_the_calibration_table_is_the_ledgers(tmp_path):
     """The README's calibration table and Brier score are what `prereg audit calibration` computes from the
     committed ledger: a new verdict that changes them must change the README too."""
     section = README.split("**Calibration of this lab's expectations**", 1)[1].split("**Governance cost", 1)[0]
     rows = re.findall(r"^\| ([a-z-]+) \| ([0-9.]+) \| ([0-9]+) \| ([0-9]+) \| ([0-9]+) \|$", section, re.M)
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "audit", "calibration", "--json", "--ledger", str(ROOT / "ledger.db")],
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(ROOT / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "audit", "calibration", "--json", "--ledger", str(copy)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     computed = json.loads(result.stdout)
     assert rows == [(lv["confidence"], str(lv["p"]), str(lv["n"]), str(lv["hits"]), str(lv["undefined"])) for lv in computed["levels"]]
