@@ -105,6 +105,8 @@ RECORDS = [
     # A typo judged as written would fail the oracle and drop P1 for good: it is refused as bad input instead.
     ("misspelt observation", "[oracles.P1a]\nloss_ab = 2e-4\ngrad_norm_rel = 3e-3\n", "oracles.P1a", "unknown ['loss_ab'] and missing ['loss_abs']"),
     ("missing observation", "[oracles.P2a]\nmissing = []\n", "oracles.P2a", "missing ['violations']"),
+    # The observer never brings its own verdict: a result is judged from what was observed, by the frozen bounds.
+    ("a verdict instead of an observation", "[oracles.P1a]\npassed = true\n", "oracles.P1a", "unknown ['passed']"),
     ("window without a step", '[rungs.A]\nitems = []\nstatus = "finished"\n[[rungs.A.windows]]\ns_per_step = 2.0\n', "rungs.A", "needs step"),
     ("no provenance", None, "provenance", "required key 'provenance'"),
 ]

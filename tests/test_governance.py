@@ -261,3 +261,10 @@ def test_a_failed_oracle_cannot_be_observed_again_into_a_pass(cli: Cli, frozen_m
     assert str(again) in refused.stderr and "oracles ['P1a'] already have results" in refused.stderr and "fix:" in refused.stderr
     assert ledger_fingerprint(cli.ledger) == before
     assert set(cli.ok_json("verdict", "mini")["dropped"]) == {"P1"}
+
+
+def test_a_dry_run_plans_and_writes_nothing(cli: Cli, frozen_mini: Path) -> None:
+    before = ledger_fingerprint(cli.ledger)
+    result = cli.ok("run", "mini", "--dry-run", "--file", frozen_mini)
+    assert "the plan that will run" in result.stdout
+    assert ledger_fingerprint(cli.ledger) == before
