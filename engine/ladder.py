@@ -352,6 +352,14 @@ class Ladder:
                     self.say(f"[bold red]rung {run.rung} failed[/]: {(run.ended_by or {}).get('error', 'see the rung process output')}")
                 stopped = "failed"
                 break
+            over = [r for r in state.runs if r.run_id in run_ids and r.status == "over-ceiling"]
+            if over:
+                # The rung outlasted what was left under the ceiling (on_ceiling = stop): the ladder stops here, and
+                # says so even when that rung was its last; the over-ceiling rung's windows are never read.
+                for run in over:
+                    self.say(f"[bold red]rung {run.rung} ended over the ceiling[/]: it outlasted the device-seconds left under it")
+                stopped = "ceiling"
+                break
             cost = cost_summary(reg, state)
             if reg.cost.on_ceiling == "finish-rung" and cost["gpu_s"] >= cost["ceiling_gpu_s"]:
                 stopped = "ceiling"
@@ -373,6 +381,8 @@ class Ladder:
                    "cost": cost, "head": head}
         if remaining:
             self.say(f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)} — `prereg run {self.reg_id}` resumes")
+        elif stopped:
+            self.say(f"ladder stopped ({stopped}) · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})")
         else:
             self.say(f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})")
         return summary

@@ -138,6 +138,48 @@ def test_on_ceiling_continue_runs_every_rung_and_records_each_overrun(tmp_path):
     assert costs["registrations"][0]["overrun"] is True
 
 
+ONE_RUNG = """
+id = "micro"
+title = "a rung against the ceiling's deadline"
+question = "Does a rung that outlasts what is left under the ceiling end over-ceiling?"
+workload = "molmo2"
+profile = "cpu-tiny"
+
+[cost]
+ceiling_gpu_h = 0.0002     # 0.72 device-seconds: the rung's own start and load outlast it
+on_ceiling = "stop"
+
+[protocol]
+steps = 6
+log_every = 2
+discard_first = 2
+config = { batch = 2, backward_chunks = 1, camera_counts = [1, 2], max_crops = 1 }
+  [[protocol.rungs]]
+  id = "A"
+
+[reads]
+speed = "A.s_per_step"
+
+[[rules]]
+id = "measured"
+when = "speed > 0"
+outcome = "measured"
+"""
+
+
+def test_a_rung_that_outlasts_the_ceiling_ends_over_ceiling_at_its_first_window(tmp_path):
+    path, ledger = frozen(tmp_path, ONE_RUNG)
+    summary = run_json("micro", path, ledger)
+    state, report = state_of(ledger)
+    assert report.ok
+    [run] = state.runs
+    assert run.status == "over-ceiling" and run.ended_by == {"ceiling": True}
+    assert run.totals["steps"] == 2  # the deadline is checked after each window: the first one ends it
+    assert summary["stopped"] == "ceiling" and not summary["complete"]  # even though it was the ladder's last rung
+    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    assert costs["registrations"][0]["overrun"] is True
+
+
 def test_edited_registration_is_refused(tmp_path):
     path, ledger = frozen(tmp_path)
     path.write_text(MICRO.replace("steps = 6", "steps = 8"))
