@@ -189,3 +189,15 @@ def test_a_bound_is_accepted_exactly_when_it_is_a_finite_number_at_least_zero(cl
     else:
         assert result.exit_code == INVALID
         assert result.json()["where"].endswith("items.P1.oracles.P1a.bounds")
+
+
+@pytest.mark.parametrize("verb", [("audit", "verify"), ("verdict", "mini"), ("freeze", "{mini}")], ids=lambda v: v[0])
+def test_a_file_that_is_not_a_database_is_bad_input_and_stays_as_it_was(cli: Cli, mini: Path, tmp_path: Path, verb) -> None:
+    """Not an unexpected error with a traceback (exit 1): the file named, what it is not, and what to do."""
+    garbage = tmp_path / "ledger.db"
+    garbage.write_bytes(bytes(range(256)) * 16)
+    result = cli(*[part.format(mini=mini) for part in verb], "--ledger", garbage)
+    assert result.exit_code == INVALID, result
+    assert f"{garbage}: not a readable database" in result.stderr and "not a prereg ledger, or a damaged one" in result.stderr
+    assert "fix: " in result.stderr and "Traceback" not in result.stderr
+    assert garbage.read_bytes() == bytes(range(256)) * 16

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from sqlalchemy import Connection, Select, func, inspect, select
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from prereg.errors import InvalidInput
 from prereg.ledger.backend import Backend, open_backend
@@ -60,6 +61,14 @@ class Ledger:
         backend = open_backend(url, create=create)
         try:
             stored_name = _initialize(backend, url, create=create, name=name)
+        except DatabaseError as error:
+            backend.close()
+            if isinstance(error, OperationalError):  # locked, unreachable, refused: not about what the file holds
+                raise
+            # A file the database cannot read at all (SQLite: "file is not a database"): bad input, like a ledger
+            # whose meta row is missing, named with the file and a way forward, not an unexpected error.
+            raise InvalidInput(f"not a readable database ({error.orig}): not a prereg ledger, or a damaged one", where=url,
+                               fix="name the ledger's file; restore a damaged one from a copy or an export (`prereg audit import`)") from None  # fmt: skip
         except BaseException:
             backend.close()
             raise
