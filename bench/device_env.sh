@@ -25,3 +25,9 @@ save_compile_cache() {
     echo "compile cache: $((size / 1024)) KiB under \$OUT/compile-cache.tgz: copy it to .compile-cache.tgz and carry it"
   fi
 }
+
+bring_ledger_back() {
+  # The ledger, checkpointed into one file, under $OUT: copy it over ledger.db here and commit it.
+  python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
+  cp ledger.db "$OUT/ledger.db"
+}

@@ -13,8 +13,7 @@ for reg in ${REGS:?name the registrations}; do
   gpu=$((gpu + 1))
 done
 wait
-python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
-cp ledger.db "$OUT/ledger.db"
+bring_ledger_back
 for reg in $REGS; do
   echo "== $reg"; tail -4 "$OUT/run-$reg.log"
   python3 cli.py audit show "$reg" --ledger ledger.db | tail -10

@@ -21,7 +21,6 @@ case "${PART:-ladder}" in
 esac
 python3 cli.py run "$REG" --budget-s "${BUDGET_S:-400}" --ledger ledger.db > "$OUT/run.log" 2>&1
 tail -5 "$OUT/run.log"
-python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
-cp ledger.db "$OUT/ledger.db"
+bring_ledger_back
 python3 cli.py audit show "$REG" --ledger ledger.db | tail -15
 save_compile_cache

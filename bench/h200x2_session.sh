@@ -15,8 +15,7 @@ if [ "${DDP_STEP:-1}" = 1 ]; then
 fi
 python3 cli.py run "$REG" --budget-s "${BUDGET_S:-400}" --ledger ledger.db > "$OUT/run.log" 2>&1
 tail -12 "$OUT/run.log"
-python3 -c "from prereg.ledger import Ledger; l = Ledger.open('ledger.db', create=False); l.checkpoint(); l.close()"
-cp ledger.db "$OUT/ledger.db"
+bring_ledger_back
 # The report is 8 files and a call brings back 8 in all: it comes back as one archive.
 python3 cli.py report "$REG" --ledger ledger.db --out /tmp/report > /dev/null 2>&1 && tar czf "$OUT/report.tgz" -C /tmp report \
   || echo "report: not yet (no verdict data)"

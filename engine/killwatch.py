@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prereg.rules import Expr, Scope, Undefined, compile_expr
-from prereg.schema import KillLine, Registration
+from prereg.schema import KillLine, Registration, scope_names
 from prereg.workload import get_workload
 
 
@@ -53,15 +53,8 @@ class KillEnv:
 
 
 def kill_scope(reg: Registration) -> Scope:
-    rung_ids = [r.id for r in reg.protocol.rungs]
-    return Scope(
-        kind="kill",
-        rungs=frozenset(rung_ids),
-        metrics=frozenset(get_workload(reg.workload).metrics),
-        items=frozenset(i.id for i in reg.items),
-        oracles=frozenset(o.id for i in reg.items for o in i.oracles),
-        kills=frozenset([k.id for k in reg.kill] + rung_ids),
-    )
+    """The names a kill line may use: the ones it was validated with (prereg/schema.py)."""
+    return Scope(kind="kill", **scope_names(reg, get_workload(reg.workload)))
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from prereg.errors import InvalidInput
 from prereg.rules import Scope, compile_expr
-from prereg.schema import Registration
+from prereg.schema import Registration, scope_names
 from prereg.workload import get_workload
 
 FIX = ("set the key in [protocol].config so every compared rung shares it, or compare across these rungs only metrics "
@@ -34,9 +34,7 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
         return []
     values = {rung.id: {key: bool(reg.rung_config(rung.id).get(key, False)) for key in regrouping} for rung in reg.protocol.rungs}
 
-    names = dict(rungs=frozenset(values), metrics=frozenset(workload.metrics), items=frozenset(i.id for i in reg.items),
-                 oracles=frozenset(o.id for i in reg.items for o in i.oracles), reads=frozenset(reg.reads),
-                 kills=frozenset([k.id for k in reg.kill] + list(values)))  # fmt: skip
+    names = {**scope_names(reg, workload), "reads": frozenset(reg.reads)}
     uses: dict[str, frozenset[tuple[str, str]]] = {}  # read -> (rung, metric) it uses, through other reads too
 
     def used(text: str, kind: str) -> frozenset[tuple[str, str]]:

@@ -234,6 +234,18 @@ def _compile(where: str, text: str, scope: Scope):
         raise ValueError(f"{where}: {error}") from None
 
 
+def scope_names(reg: Registration, workload: WorkloadDeclaration) -> dict[str, frozenset[str]]:
+    """The names an expression of this registration may use besides its reads (the Scope's other fields)."""
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    return dict(
+        rungs=frozenset(rung_ids) | ({"PASS"} if reg.protocol.kind == "until_pass" else set()),
+        metrics=frozenset(workload.metrics),
+        items=frozenset(i.id for i in reg.items),
+        oracles=frozenset(o.id for i in reg.items for o in i.oracles),
+        kills=frozenset([k.id for k in reg.kill] + rung_ids),
+    )
+
+
 def resolve_references(reg: Registration) -> None:
     """Resolve every name the document uses; raise ValueError naming the field path and the allowed names."""
     try:
@@ -283,16 +295,8 @@ def resolve_references(reg: Registration) -> None:
                 raise ValueError(f"protocol.rungs.{rung.id}.items: {item_id!r} is not an item; items are {item_ids}")
         _check_unique(f"protocol.rungs.{rung.id}.items", "item", rung.items)
 
-    metrics = frozenset(workload.metrics)
-    until_pass = reg.protocol.kind == "until_pass"
-    rungs = frozenset(rung_ids) | ({"PASS"} if until_pass else set())
-    names = dict(
-        rungs=rungs,
-        metrics=metrics,
-        items=frozenset(item_ids),
-        oracles=frozenset(oracle_ids),
-        kills=frozenset([k.id for k in reg.kill] + rung_ids),
-    )
+    names = scope_names(reg, workload)
+    metrics = names["metrics"]
     if reg.protocol.pass_rule:
         _compile("protocol.pass_rule", reg.protocol.pass_rule, Scope(kind="pass_rule", **names))
 
