@@ -1,21 +1,58 @@
 #!/usr/bin/env bash
-# One-GPU ladders side by side on a host of several H200s (kind nvidia-h200-x2): REGS="reg-a reg-b" runs
-# `prereg run reg-a` on GPU 0 and `prereg run reg-b` on GPU 1 at once, each with the time budget BUDGET_S, both
-# appending to the one ledger.db (the ledger serializes its writers; the run lock is per registration).
-# Each ladder still sees one GPU of its own; the host's CPUs (32 cores) are shared, compilation included.
-# ledger.db comes back under $OUT, to be committed; each ladder's log is $OUT/run-<reg>.log.
+# Work side by side on a host of several H200s (kind nvidia-h200-x2): one lane per GPU, each lane a list of tasks
+# run one after another on its GPU, the lanes at once.
+#
+#   LANE0="ladder=molmo2-x2-h200" LANE1="ladder=molmo2-fast-same-steps-h200" BUDGET_S=480 bash bench/h200_parallel.sh
+#   LANE0="ladder=reg-a@300 gputests" LANE1="peer=head,fast-c1@6" bash bench/h200_parallel.sh
+#   REGS="reg-a reg-b" BUDGET_S=480 bash bench/h200_parallel.sh      (shorthand: one ladder per lane)
+#
+# Tasks:
+#   ladder=REG[@S]   `prereg run REG --budget-s S` (S defaults to BUDGET_S, else 480); it appends to the one
+#                    ledger.db that every lane shares (the ledger serializes its writers; the run lock is per
+#                    registration)
+#   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
+#                    @none: no peer)
+#   gputests         the GPU tests of the Molmo2 workload
+# Each lane's log is $OUT/lane<i>.log; ledger.db and the compile cache come back under $OUT.
 set -uo pipefail
 source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-gpu=0
-for reg in ${REGS:?name the registrations}; do
-  CUDA_VISIBLE_DEVICES=$gpu python3 cli.py run "$reg" --budget-s "${BUDGET_S:-480}" --ledger ledger.db > "$OUT/run-$reg.log" 2>&1 &
-  gpu=$((gpu + 1))
+
+run_task() {  # one task on the GPU this lane was given
+  local task=$1 name=${1%%=*} value="" arg=""
+  [[ "$task" == *=* ]] && value=${task#*=}
+  [[ "$value" == *@* ]] && { arg=${value#*@}; value=${value%@*}; }
+  echo "== $(date +%T) $task on GPU $CUDA_VISIBLE_DEVICES"
+  case "$name" in
+    ladder) python3 cli.py run "$value" --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
+    peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
+            --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT" ;;
+    gputests) python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
+  esac
+  local status=$?
+  echo "== $(date +%T) $task: exit $status"
+}
+
+if [ -n "${REGS:-}" ]; then
+  lane=0
+  for reg in $REGS; do declare "LANE$lane=ladder=$reg"; lane=$((lane + 1)); done
+fi
+for lane in 0 1 2 3 4 5 6 7; do
+  tasks_var="LANE$lane"; tasks=${!tasks_var:-}
+  [ -n "$tasks" ] || continue
+  (
+    export CUDA_VISIBLE_DEVICES=$lane
+    for task in $tasks; do run_task "$task"; done
+  ) > "$OUT/lane$lane.log" 2>&1 &
 done
 wait
 bring_ledger_back
-for reg in $REGS; do
-  echo "== $reg"; tail -4 "$OUT/run-$reg.log"
-  python3 cli.py audit show "$reg" --ledger ledger.db | tail -10
+for lane in 0 1 2 3 4 5 6 7; do
+  [ -f "$OUT/lane$lane.log" ] || continue
+  echo "==== lane $lane"; grep -E "^== |passed|failed|stopped|verdict|budget|^ours|^transformers|ceiling" "$OUT/lane$lane.log" | tail -25
+done
+for reg in $(grep -ho "ladder=[^ @]*" <<< "${LANE0:-} ${LANE1:-} ${LANE2:-} ${LANE3:-}" | cut -d= -f2 | sort -u); do
+  python3 cli.py audit show "$reg" --ledger ledger.db | tail -12
 done
 save_compile_cache

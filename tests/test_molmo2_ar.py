@@ -427,17 +427,17 @@ def test_cuda_p1_runs_cudnn_in_training_only(cuda_setup):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _vit_float32_flags(model, batch: ARBatch, monkeypatch) -> list:
-    """The float32 override each ViT attention call receives (None: the config's fp32)."""
+def _vit_precisions(model, batch: ARBatch, monkeypatch) -> list:
+    """The precision override each ViT attention call receives (None: the config's fp32)."""
     from engine.molmo2.vision import DotProductAttention
 
     seen = []
     real = DotProductAttention.forward
 
-    def spy(self, x_q, x_kv=None, mask=None, float32=None):
+    def spy(self, x_q, x_kv=None, mask=None, precision=None):
         if mask is None:  # the ViT blocks' self-attention (the pooling passes its mask)
-            seen.append(float32)
-        return real(self, x_q, x_kv, mask, float32)
+            seen.append(precision)
+        return real(self, x_q, x_kv, mask, precision)
 
     monkeypatch.setattr(DotProductAttention, "forward", spy)
     encode_prefix(model, batch.prefix)
@@ -447,10 +447,10 @@ def _vit_float32_flags(model, batch: ARBatch, monkeypatch) -> list:
 def test_x1_reaches_the_vit_in_training_only(batch, monkeypatch):
     model = tiny_model(switches=Switches(vit_bf16_attention=True)).train()
     assert model.config.vision.float32_attention  # the hub's setting that X1 overrides
-    flags = _vit_float32_flags(model, batch, monkeypatch)
-    assert flags and set(flags) == {False}
-    assert set(_vit_float32_flags(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
-    assert set(_vit_float32_flags(tiny_model().train(), batch, monkeypatch)) == {None}  # HEAD
+    flags = _vit_precisions(model, batch, monkeypatch)
+    assert flags and set(flags) == {"autocast"}
+    assert set(_vit_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
+    assert set(_vit_precisions(tiny_model().train(), batch, monkeypatch)) == {None}  # HEAD
 
 
 def test_x1_on_cpu_trains_bitwise_like_head(batch):
@@ -458,6 +458,34 @@ def test_x1_on_cpu_trains_bitwise_like_head(batch):
     logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
     other_logits, other_grads = _fwd_bwd(Switches(vit_bf16_attention=True), batch, ar_split=True)
     assert torch.equal(logits, other_logits) and all(torch.equal(grads[n], other_grads[n]) for n in grads)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# X2 (vit_fp16_attention): the frozen ViT's attention on fp16 inputs, training mode only, on any device
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_x2_reaches_the_vit_in_training_only(batch, monkeypatch):
+    model = tiny_model(switches=Switches(vit_fp16_attention=True)).train()
+    flags = _vit_precisions(model, batch, monkeypatch)
+    assert flags and set(flags) == {"fp16"}
+    assert set(_vit_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
+
+
+def test_x1_and_x2_together_are_refused():
+    with pytest.raises(ValueError, match="switch on at most one"):
+        Switches(vit_bf16_attention=True, vit_fp16_attention=True)
+
+
+def test_x2_on_cpu_changes_training_by_fp16_rounding_only(batch):
+    """Unlike X1, X2 casts whatever the autocast state, so it is a real numerics change on a CPU too: not bitwise
+    HEAD, and within fp16's rounding (2^-11 relative on q, k, v) of it."""
+    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
+    other_logits, other_grads = _fwd_bwd(Switches(vit_fp16_attention=True), batch, ar_split=True)
+    assert not torch.equal(logits, other_logits)
+    torch.testing.assert_close(other_logits, logits, rtol=0, atol=5e-3 * float(logits.abs().max()))
+    for name in grads:
+        torch.testing.assert_close(other_grads[name], grads[name], rtol=0, atol=5e-3 * float(grads[name].abs().max()) + 1e-9)
 
 
 @pytest.mark.gpu
@@ -474,3 +502,20 @@ def test_cuda_x1_changes_image_features_within_bf16_noise(cuda_setup):
     model.switches = HEAD
     assert not torch.equal(fp32, bf16)
     assert float((fp32 - bf16).abs().max()) <= 2e-2 * float(fp32.abs().max())  # bf16 carries 8 bits of mantissa
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
+    """X2's premise: fp16's 10-bit mantissa leaves the ViT's features nearer the hub's fp32 than bf16's 7 bits do."""
+    model, batch = cuda_setup
+    p = batch.prefix
+    features = {}
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for name, switches in (("fp32", HEAD), ("x1", Switches(vit_bf16_attention=True)), ("x2", Switches(vit_fp16_attention=True))):
+            model.switches = switches
+            features[name] = model.image_features(p.pixel_values, p.image_token_pooling).float()
+    model.switches = HEAD
+    x1_error = float((features["x1"] - features["fp32"]).abs().max())
+    x2_error = float((features["x2"] - features["fp32"]).abs().max())
+    assert 0 < x2_error < x1_error, (x2_error, x1_error)

@@ -13,6 +13,7 @@ SWITCHES = {
     "masked_loss_sums": "P3c: mask-multiplied sums instead of boolean indexing in the sum-form losses",
     "no_embed_clone": "P4: no clone of the prefix embedding before the in-place masked feature add",
     "vit_bf16_attention": "X1: the frozen ViT's attention in bf16 instead of the hub's fp32, training mode only",
+    "vit_fp16_attention": "X2: the frozen ViT's attention on fp16 inputs instead of the hub's fp32, training mode only",
 }
 
 _TOL = frozenset({"tolerance"})

@@ -134,10 +134,15 @@ class Molmo2Model(nn.Module):
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
-        # X1 (vit_bf16_attention), training mode only: the frozen ViT's attention in the autocast dtype instead
-        # of the hub's fp32; evaluation and decode keep the hub's numerics, so decode byte-anchors stay valid.
-        bf16 = self.training and self.switches.vit_bf16_attention
-        return vision(pixel_values, image_token_pooling, False if bf16 else None)
+        # X1 (vit_bf16_attention) and X2 (vit_fp16_attention), training mode only: the frozen ViT's attention in
+        # the autocast dtype or in fp16 instead of the hub's fp32; evaluation and decode keep the hub's numerics,
+        # so decode byte-anchors stay valid.
+        precision = None
+        if self.training and self.switches.vit_bf16_attention:
+            precision = "autocast"
+        elif self.training and self.switches.vit_fp16_attention:
+            precision = "fp16"
+        return vision(pixel_values, image_token_pooling, precision)
 
     def _blocks(self) -> list[DecoderBlock]:
         return self._compiled_blocks if self.execution.compile else list(self.transformer.blocks)

@@ -32,6 +32,14 @@ class Switches:
     # X1 (not a seed item; issue 5's profile): the frozen ViT's attention in the autocast dtype (bf16 under CUDA
     # autocast: FLASH) instead of the hub's fp32 float32_attention, in training mode only. A numerics change.
     vit_bf16_attention: bool = False
+    # X2 (not a seed item; X1's successor after X1a refused it): the frozen ViT's attention on fp16 inputs (FLASH
+    # under CUDA; 10 bits of mantissa, 3 more than bf16), in training mode only, on any device. A numerics change.
+    vit_fp16_attention: bool = False
+
+    def __post_init__(self) -> None:
+        if self.vit_bf16_attention and self.vit_fp16_attention:
+            raise ValueError("vit_bf16_attention (X1) and vit_fp16_attention (X2) are two precisions for the same "
+                             "ViT attention; switch on at most one")  # fmt: skip
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

@@ -11,6 +11,11 @@ from torch import nn
 from engine.molmo2.config import Molmo2Config, VisionConfig
 
 
+# How an attention call computes q.k and the softmax: "fp32" (the hub's float32_attention), "autocast" (the
+# surrounding autocast dtype, bf16 under CUDA training: X1), "fp16" (fp16 inputs under any autocast: X2).
+ATTENTION_PRECISION = ("fp32", "autocast", "fp16")
+
+
 class DotProductAttention(nn.Module):
     """The hub's ViTMultiHeadDotProductAttention: biased wq/wk/wv/wo, non-causal, scale head_dim^-0.5. Used by
     the ViT blocks (self-attention) and by the pooling (one query against the 4 patches of a 2x2 window)."""
@@ -29,18 +34,23 @@ class DotProductAttention(nn.Module):
 
     def forward(
         self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-        float32: bool | None = None,
+        precision: str | None = None,
     ) -> torch.Tensor:
-        """`float32` overrides the configured float32_attention for this call (None: the config's)."""
+        """`precision` overrides the configured float32_attention for this call: None, the config's; one of
+        ATTENTION_PRECISION otherwise."""
         x_kv = x_q if x_kv is None else x_kv
         q, k, v = self._heads(self.wq(x_q)), self._heads(self.wk(x_kv)), self._heads(self.wv(x_kv))
         dtype = q.dtype
-        if self.float32 if float32 is None else float32:
-            # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype.
-            with torch.autocast(q.device.type, enabled=False):
-                attn = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-        else:
+        precision = ("fp32" if self.float32 else "autocast") if precision is None else precision
+        if precision == "autocast":
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype. fp16
+            # (X2): the same call on fp16 inputs, which FLASH takes; 10 bits of mantissa against bf16's 7.
+            assert precision in ATTENTION_PRECISION, precision
+            cast = torch.float32 if precision == "fp32" else torch.float16
+            with torch.autocast(q.device.type, enabled=False):
+                attn = F.scaled_dot_product_attention(q.to(cast), k.to(cast), v.to(cast), attn_mask=mask)
         attn = attn.to(dtype).transpose(1, 2)
         return self.wo(attn.reshape(*attn.shape[:2], self.num_heads * self.head_dim))
 
@@ -64,8 +74,8 @@ class ViTBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
         self.ffn_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
 
-    def forward(self, x: torch.Tensor, float32_attention: bool | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), float32=float32_attention)
+    def forward(self, x: torch.Tensor, attention_precision: str | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), precision=attention_precision)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -86,14 +96,14 @@ class VisionTransformer(nn.Module):
         self.positional_embedding = nn.Parameter(torch.empty(v.num_positions, v.hidden_size))
         self.transformer = _Blocks(v, stored_layers)
 
-    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...], float32_attention: bool | None = None) -> torch.Tensor:
+    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...], attention_precision: str | None = None) -> torch.Tensor:
         """pixels: [n_crops, n_patches, patch_dim] -> the tapped blocks' outputs concatenated in `taps` order.
-        `float32_attention` overrides the config's for every block (None: the config's)."""
+        `attention_precision` overrides the config's for every block (None: the config's)."""
         x = self.patch_embedding(pixels)
         x = x + self.positional_embedding[None].to(x.dtype)
         tapped: dict[int, torch.Tensor] = {}  # only the taps are kept alive (25 block outputs would not be small)
         for index, block in enumerate(self.transformer.resblocks):
-            x = block(x, float32_attention)
+            x = block(x, attention_precision)
             if index in taps:
                 tapped[index] = x
         return torch.cat([tapped[i] for i in taps], dim=-1)
@@ -124,7 +134,7 @@ class VisionBackbone(nn.Module):
                                                     a.float32_attention)  # fmt: skip
         self.image_projector = ImageProjector(a.hidden_size, a.intermediate_size, config.text.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_float32_attention: bool | None = None) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_attention_precision: str | None = None) -> torch.Tensor:
         """pixel_values [n_crops, n_patches, patch_dim] (every crop of the batch); token_pooling [n_tokens, k]:
         per output token, k indices into the flattened (n_crops * n_patches) features, -1 = invalid slot.
         Returns [n_tokens, text_hidden], one row per pooled token, in order.
@@ -136,7 +146,7 @@ class VisionBackbone(nn.Module):
         if pixel_values.shape[1] != expected:
             raise ValueError(f"pixel_values has {pixel_values.shape[1]} patches per crop; this geometry has "
                              f"{expected} (the positional table is never interpolated)")  # fmt: skip
-        features = self.image_vit(pixel_values, self.config.vit_taps, vit_float32_attention)
+        features = self.image_vit(pixel_values, self.config.vit_taps, vit_attention_precision)
         flat = features.reshape(-1, features.shape[-1])
         valid = token_pooling >= 0
         to_pool = flat[token_pooling.clamp(min=0)] * valid[..., None].to(flat.dtype)  # [n_tokens, k, dim]
