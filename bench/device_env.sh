@@ -16,6 +16,7 @@ if compgen -G ".compile-cache/part-*" > /dev/null; then
 fi
 
 save_compile_cache() {
+  [ "${CACHE_PARTS:-2}" = 0 ] && { echo "compile cache: not saved (CACHE_PARTS=0)"; return; }
   # At most CACHE_PARTS parts of 15 MiB come back (a call returns 8 files in all; the ledger and logs need some).
   # Afterwards, here: rm -rf .compile-cache && cp -r <files_at>/compile-cache .compile-cache
   local parts=${CACHE_PARTS:-2}  # 2 x 15 MiB: with the wheels (20 MiB) and the tree, under the 64 MiB a call carries
