@@ -13,7 +13,8 @@
 #   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
 #                    @none: no peer)
 #   gputests         the GPU tests of the Molmo2 workload
-# Each lane's log is $OUT/lane<i>.log; ledger.db and the compile cache come back under $OUT.
+# Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db and the compile cache
+# come back under $OUT. PEER_LAST=1 times the peer after our arms.
 set -uo pipefail
 source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -26,7 +27,8 @@ run_task() {  # one task on the GPU this lane was given
   case "$name" in
     ladder) python3 cli.py run "$value" --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
     peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
-            --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT" ;;
+            --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
+            ${PEER_LAST:+--peer-last} ;;
     gputests) python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
     *) echo "unknown task $task; allowed: ladder=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
   esac

@@ -196,6 +196,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3, help="timed passes over the 4-step pool (3 = 12 timed steps)")
     parser.add_argument("--peer-attention", default="sdpa")
     parser.add_argument("--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing")
+    parser.add_argument("--peer-last", action="store_true", help="time the peer after our arms (default: first)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
     unknown = set(args.ours.split(",")) - set(OURS)
@@ -267,12 +268,15 @@ def main() -> None:
         del model, step, inputs
         release(device)
 
-    # The peer first: the reference row and the cheapest; each row is printed as it completes, so a call cut short
-    # by its time limit still has the peer beside whatever of ours it reached.
-    for chunks in [int(c) for c in args.peer_chunks.split(",") if c]:
+    # The peer first (unless --peer-last): the reference row and the cheapest; each row is printed as it completes,
+    # so a call cut short by its time limit still has the peer beside whatever of ours it reached.
+    peer_chunks = [int(c) for c in args.peer_chunks.split(",") if c]
+    for chunks in [] if args.peer_last else peer_chunks:
         time_peer(chunks)
     for name in args.ours.split(","):
         time_ours(name)
+    for chunks in peer_chunks if args.peer_last else []:
+        time_peer(chunks)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

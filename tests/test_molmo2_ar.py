@@ -507,7 +507,9 @@ def test_cuda_x1_changes_image_features_within_bf16_noise(cuda_setup):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
-    """X2's premise: fp16's 10-bit mantissa leaves the ViT's features nearer the hub's fp32 than bf16's 7 bits do."""
+    """X2's premise: fp16's 10-bit mantissa leaves the ViT's features nearer the hub's fp32 than bf16's 7 bits do.
+    Measured as the RMS of the difference: the features leave autocast in bf16, so the largest difference is one
+    bf16 step for both (the H200 gave 2^-9 for each)."""
     model, batch = cuda_setup
     p = batch.prefix
     features = {}
@@ -516,6 +518,6 @@ def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
             model.switches = switches
             features[name] = model.image_features(p.pixel_values, p.image_token_pooling).float()
     model.switches = HEAD
-    x1_error = float((features["x1"] - features["fp32"]).abs().max())
-    x2_error = float((features["x2"] - features["fp32"]).abs().max())
+    x1_error = float((features["x1"] - features["fp32"]).pow(2).mean().sqrt())
+    x2_error = float((features["x2"] - features["fp32"]).pow(2).mean().sqrt())
     assert 0 < x2_error < x1_error, (x2_error, x1_error)

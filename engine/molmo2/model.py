@@ -144,8 +144,13 @@ class Molmo2Model(nn.Module):
             precision = "fp16"
         return vision(pixel_values, image_token_pooling, precision)
 
-    def _blocks(self) -> list[DecoderBlock]:
-        return self._compiled_blocks if self.execution.compile else list(self.transformer.blocks)
+    def _blocks(self, extending: bool) -> list[DecoderBlock]:
+        """Compiled blocks for training and for prefixes; decode runs eager. Greedy decode extends its cache by one
+        position a call, so compiled blocks met a new key length every token: a compilation each (seconds at 4B),
+        until Dynamo's recompile limit ran the rest eagerly anyway (seen on the H200: molmo2-x2-h200's decode
+        oracle hit the limit of 64)."""
+        compiled = self.execution.compile and (self.training or not extending)
+        return self._compiled_blocks if compiled else list(self.transformer.blocks)
 
     # ---- inputs -> embeddings ----
 
@@ -207,7 +212,7 @@ class Molmo2Model(nn.Module):
         before ln_f and each layer's K/V of x. With `last_layer_kv_only`, the last block only contributes its
         K/V (a prefix's outputs are never read) and no hidden states are returned."""
         rope = self.transformer.rope(positions)
-        blocks = self._blocks()
+        blocks = self._blocks(extending=past is not None)
         layers: list[KV] = []
         for index, block in enumerate(blocks):
             if last_layer_kv_only and index == len(blocks) - 1:
