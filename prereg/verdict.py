@@ -3,7 +3,8 @@
 Rules are tried in order; the first whose `when` holds decides. A rule whose `when` is undefined does not fire,
 and the verdict says which reads were undefined and why. Conditional land entries are evaluated the same way.
 Expectations are scored hit / miss / undefined. Every read that depends on rung windows also gets a bootstrap
-95% interval (windows resampled within each rung); the rule still decides on the value it names.
+95% interval (windows resampled within each rung; a paired metric's by index, the same in every rung); the rule still
+decides on the value it names.
 """
 
 from __future__ import annotations
@@ -212,7 +213,12 @@ def judge_until_pass(state: RegistrationState, views: dict[str, RungView], base:
 
 
 def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any]) -> dict[str, list[float]]:
-    """95% percentile intervals for numeric reads, windows resampled with replacement within each rung."""
+    """95% percentile intervals for numeric reads, windows resampled with replacement within each rung.
+
+    A paired metric (seed 002: the rungs' k-th windows saw the same samples, e.g. the training loss) is resampled
+    by window index, the same indices in every rung, over the windows all rungs have: a draw compares like with
+    like. Drawn independently, a read over a falling loss compared one rung's early windows with another's late
+    ones (molmo2-fast-same-steps-h200's loss_gap of 0.8% got an interval reaching 33%)."""
     workload_metrics = get_workload(env.reg.workload).metrics
     resamplable = {
         (rung_id, metric): values
@@ -230,10 +236,18 @@ def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any
         return {}
     rng = random.Random(BOOTSTRAP_SEED)
     draws: dict[str, list[float]] = {name: [] for name in dependent}
+    aligned = {}  # paired metric -> the number of windows every rung that has it has
+    for (_, metric), values in resamplable.items():
+        if workload_metrics[metric].paired:
+            aligned[metric] = min(aligned.get(metric, len(values)), len(values))
     for _ in range(BOOTSTRAP_RESAMPLES):
         overrides = {}
+        shared = {metric: [rng.randrange(n) for _ in range(n)] for metric, n in sorted(aligned.items())}
         for (rung_id, metric), values in resamplable.items():
-            sample = [values[rng.randrange(len(values))] for _ in values]
+            if metric in shared:
+                sample = [values[i] for i in shared[metric]]
+            else:
+                sample = [values[rng.randrange(len(values))] for _ in values]
             how = workload_metrics[metric].summary
             overrides[(rung_id, metric)] = statistics.median(sample) if how == "median" else max(sample) if how == "max" else sample[-1]
         trial = VerdictEnv(env.reg, env.state, env.views, env.passed_rung, env.pass_reason)
