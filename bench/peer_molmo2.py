@@ -171,6 +171,8 @@ OURS = {
     "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
     # X2 on top: the same on fp16 inputs (X1's successor: 3 more bits of mantissa, the same FLASH kernel family)
     "fast-c1-x2": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_fp16_attention")),
+    # ... and the suffix's attention on FlexAttention too (its dense mask runs SDPA's MATH: 35 ms a step)
+    "fast-c1-x2-sflex": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"}, (*ALL_SIX, "vit_fp16_attention")),
     "fast-c1-same-steps-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
                               (*ALL_SIX, "vit_fp16_attention")),
 }

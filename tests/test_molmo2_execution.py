@@ -16,7 +16,7 @@ from engine.molmo2.ar import ar_forward, ar_loss_sums
 from engine.molmo2.batch import ARBatch
 from engine.molmo2.declaration import PROFILES
 from engine.molmo2.execution import Execution
-from engine.molmo2.model import prefix_attention_mask, prefix_block_mask
+from engine.molmo2.model import continuation_block_mask, continuation_mask, prefix_attention_mask, prefix_block_mask
 from engine.molmo2.switches import HEAD
 from engine.molmo2.workload import COMPILED_PAD_MULTIPLE, Molmo2Runner
 
@@ -77,6 +77,37 @@ def test_block_mask_is_the_dense_rule(batch):
     assert bool((~dense).any()) and bool((dense & ~torch.ones(S, S, dtype=torch.bool).tril()).any())  # non-trivial
 
 
+def test_continuation_block_mask_is_the_dense_rule(batch):
+    """The suffix's rule: cached keys where real, new keys causally where real; right-padded suffix rows."""
+    key_mask, suffix_mask = batch.prefix.attention_mask, batch.suffix.attention_mask
+    dense = continuation_mask(key_mask, suffix_mask)[:, 0]
+    block = continuation_block_mask(key_mask, suffix_mask)
+    T, P = suffix_mask.shape[1], key_mask.shape[1]
+    q, kv = torch.arange(T)[:, None], torch.arange(P + T)[None, :]
+    for b in range(suffix_mask.shape[0]):
+        assert torch.equal(block.mask_mod(torch.tensor(b), torch.tensor(0), q, kv), dense[b])
+    assert bool((~key_mask.bool()).any()) and bool((~suffix_mask.bool()).any())  # padding on both sides is exercised
+
+
+def test_flex_suffix_forward_matches_sdpa_in_training_and_stays_dense_in_eval(batch, monkeypatch):
+    sdpa, _, _ = _train_step(batch, Execution(), grad=False)
+    flex, _, _ = _train_step(batch, Execution(suffix_attention="flex"), grad=False)
+    both, _, _ = _train_step(batch, Execution(prefix_attention="flex", suffix_attention="flex"), grad=False)
+    assert _max_logit_diff(sdpa, flex) <= FORWARD_ATOL and _max_logit_diff(sdpa, both) <= FORWARD_ATOL
+    import engine.molmo2.model as model_module
+
+    built = []
+    real = model_module.continuation_block_mask
+    monkeypatch.setattr(model_module, "continuation_block_mask", lambda *a: built.append(1) or real(*a))
+    model = tiny_model(seed=5)
+    model.set_execution(Execution(suffix_attention="flex"))
+    with torch.no_grad():
+        ar_forward(model.train(), batch)
+        assert built == [1]  # training: the block mask
+        ar_forward(model.eval(), batch)
+        assert built == [1]  # evaluation and decode: HEAD's dense mask
+
+
 def test_flex_prefix_forward_matches_sdpa(batch):
     sdpa, _, _ = _train_step(batch, Execution(), grad=False)
     flex, _, _ = _train_step(batch, Execution(prefix_attention="flex"), grad=False)
@@ -126,7 +157,7 @@ def test_compiled_model_keeps_the_checkpoint_layout():
     assert set(model.state_dict()) == keys  # the compiled wrappers are not submodules
 
 
-@pytest.mark.parametrize(("field", "value"), [("prefix_attention", "dense"), ("compile", "yes"), ("dynamic", 1)])
+@pytest.mark.parametrize(("field", "value"), [("prefix_attention", "dense"), ("suffix_attention", "math"), ("compile", "yes"), ("dynamic", 1)])
 def test_execution_refuses_unknown_values(field, value):
     with pytest.raises(ValueError, match=field):
         Execution(**{field: value, **({"compile": True} if field == "dynamic" else {})})
@@ -160,9 +191,10 @@ def test_dynamic_compile_reuses_one_graph_for_new_batch_sizes_and_computes_what_
     assert graphs[1] > graphs[0] and graphs[3] == graphs[2] == graphs[1], graphs  # sizes 4 and 5: no new graph
 
 
-def test_flex_is_refused_on_a_cpu_profile():
-    with pytest.raises(ValueError, match="prefix_attention = 'flex' needs CUDA"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"prefix_attention": "flex"}, seed=0)
+@pytest.mark.parametrize("key", ["prefix_attention", "suffix_attention"])
+def test_flex_is_refused_on_a_cpu_profile(key):
+    with pytest.raises(ValueError, match=f"{key} = 'flex' needs CUDA"):
+        Molmo2Runner(PROFILES["cpu-tiny"], {key: "flex"}, seed=0)
 
 
 def _pool(**config):
@@ -222,8 +254,10 @@ def test_compiled_runs_pad_to_few_shapes():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("execution", [Execution(prefix_attention="flex"), Execution(prefix_attention="flex", compile=True)],
-                         ids=["flex", "flex+compile"])  # fmt: skip
+@pytest.mark.parametrize("execution", [Execution(prefix_attention="flex"), Execution(prefix_attention="flex", compile=True),
+                                       Execution(suffix_attention="flex"),
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True)],
+                         ids=["flex", "flex+compile", "suffix-flex", "both-flex+compile"])  # fmt: skip
 def test_cuda_flex_trains_like_sdpa(batch, execution):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

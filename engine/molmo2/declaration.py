@@ -128,6 +128,7 @@ CONFIG_KEYS = {
                   regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
         ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
+        ConfigKey("suffix_attention", str, "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("fps", int, "action frames per second"),
     ]
 }

@@ -9,6 +9,10 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   [B, heads, S, S] scores in memory, the step's largest cost (bench/results/peer_molmo2_h200-4b.json).
 - prefix_attention = "flex": FlexAttention with the same rule as a block mask; blocks that are all masked
   (above the diagonal, outside the image blocks) are skipped, the rest run fused, GQA included.
+- suffix_attention = "flex" (training only): the suffix's attention to the cached prefix and to itself as a block
+  mask (continuation_block_mask) instead of the dense [B, 1, T, P + T] bool mask, whose SDPA runs MATH on this
+  torch (the fast step's profile: 35 ms of batched matmuls for a 150-token suffix). Evaluation and decode keep the
+  dense mask and HEAD's backend list (seed 000 P1: decode numerics are frozen).
 - compile: each decoder block is wrapped in torch.compile, and so is the frozen vision tower. The blocks share one
   code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
   residual adds fuse. Shapes are specialised (each new one compiles once, 10-30 s at 4B on an H200), so compiled
@@ -24,17 +28,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX_ATTENTION = ("sdpa", "flex")
+SUFFIX_ATTENTION = ("sdpa", "flex")
 
 
 @dataclass(frozen=True)
 class Execution:
     prefix_attention: str = "sdpa"
+    suffix_attention: str = "sdpa"
     compile: bool = False
     dynamic: bool = False  # config key compile_dynamic
 
     def __post_init__(self) -> None:
         if self.prefix_attention not in PREFIX_ATTENTION:
             raise ValueError(f"prefix_attention = {self.prefix_attention!r}; allowed: {list(PREFIX_ATTENTION)}")
+        if self.suffix_attention not in SUFFIX_ATTENTION:
+            raise ValueError(f"suffix_attention = {self.suffix_attention!r}; allowed: {list(SUFFIX_ATTENTION)}")
         for name in ("compile", "dynamic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")

@@ -71,6 +71,18 @@ def continuation_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor
     return torch.cat([cached, new], dim=-1)[:, None]
 
 
+def continuation_block_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor) -> BlockMask:
+    """The same rule as `continuation_mask`, as FlexAttention's block mask (execution.py, suffix "flex")."""
+    B, T = attention_mask.shape
+    P = cache_key_mask.shape[1]
+    real = torch.cat([cache_key_mask.bool(), attention_mask.bool()], dim=1)  # [B, P + T]
+
+    def allowed(b, h, q, kv):
+        return real[b, kv] & ((kv < P) | (kv - P <= q))
+
+    return create_block_mask(allowed, B, None, T, P + T, device=attention_mask.device)
+
+
 @dataclass(frozen=True)
 class KVCache:
     """The K/V of every decoder layer over the positions seen so far (a prefix, then appended tokens)."""
@@ -290,7 +302,11 @@ class Molmo2Model(nn.Module):
         [B, T, hidden] and each layer's K/V of them. Attention backends are the caller's `backends_context`."""
         x = self.embed(input_ids)
         positions = cache.next_position[:, None] + positions_from_mask(attention_mask)
-        hidden, layers = self.decoder(x, positions, continuation_mask(cache.key_mask, attention_mask), past=cache)
+        if self.training and self.execution.suffix_attention == "flex":
+            mask = continuation_block_mask(cache.key_mask, attention_mask)
+        else:
+            mask = continuation_mask(cache.key_mask, attention_mask)
+        hidden, layers = self.decoder(x, positions, mask, past=cache)
         return self.transformer.ln_f(hidden), layers
 
 

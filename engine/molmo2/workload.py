@@ -100,11 +100,13 @@ class Molmo2Runner:
         # and cuts only each step's chunks where the camera counts meet: the step's gradient is HEAD's.
         self.bucket_by_length = bool(config.get("bucket_by_length", False))
         self.chunk_by_cameras = self.bucket_by_length or bool(config.get("chunk_by_cameras", False))
-        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"), compile=config.get("compile", False),
+        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
+                                   suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
                                    dynamic=config.get("compile_dynamic", False))  # fmt: skip
-        if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
-            raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
-                             f"{profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
+        for key in ("prefix_attention", "suffix_attention"):
+            if getattr(self.execution, key) == "flex" and self.device.type != "cuda":
+                raise ValueError(f"{key} = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
+                                 f"{profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
         # A rung of several processes: this process's rank (engine.workload.join_ranks ran before), and how the
         # ranks train (validated here, before any load; recorded on the run's end).
         self.ranks = Ranks.current()
