@@ -28,7 +28,7 @@ run_task() {  # one task on the GPU this lane was given
     ladder) python3 cli.py run "$value" --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
     peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
             --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
-            ${PEER_LAST:+--peer-last} ;;
+            ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
     gputests) python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
     *) echo "unknown task $task; allowed: ladder=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
   esac
@@ -43,8 +43,13 @@ fi
 for lane in 0 1 2 3 4 5 6 7; do
   tasks_var="LANE$lane"; tasks=${!tasks_var:-}
   [ -n "$tasks" ] || continue
+  others=""  # what the other lanes run, for the benchmark's conditions
+  for other in 0 1 2 3 4 5 6 7; do
+    other_var="LANE$other"
+    [ "$other" != "$lane" ] && [ -n "${!other_var:-}" ] && others="$others GPU $other: ${!other_var};"
+  done
   (
-    export CUDA_VISIBLE_DEVICES=$lane
+    export CUDA_VISIBLE_DEVICES=$lane ALONGSIDE="${others# }"
     for task in $tasks; do run_task "$task"; done
   ) > "$OUT/lane$lane.log" 2>&1 &
 done

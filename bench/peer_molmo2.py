@@ -199,6 +199,7 @@ def main() -> None:
     parser.add_argument("--peer-attention", default="sdpa")
     parser.add_argument("--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing")
     parser.add_argument("--peer-last", action="store_true", help="time the peer after our arms (default: first)")
+    parser.add_argument("--alongside", default="", help="what else ran on the host meanwhile (recorded in the conditions)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
     unknown = set(args.ours.split(",")) - set(OURS)
@@ -214,9 +215,10 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "transformers": transformers.__version__, "batch": args.batch, "camera_counts": [1, 2], "max_crops": 1,
-        "warmup": args.warmup, "timed_steps": None, "dtype": "fp32 master weights, bf16 autocast, fused AdamW",
+        "warmup": args.warmup, "timed_steps": None, "dtype": "fp32 master weights, bf16 autocast, fused AdamW" if device.type == "cuda" else "fp32 (no autocast on a CPU), AdamW",
         "peer_attention": args.peer_attention, "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None,
         "s_per_step": "mean over whole passes of the pool (every arm sees the same pool of samples); median beside it",
+        "order": "peer last" if args.peer_last else "peer first", "alongside": args.alongside or None,
     }
     rows = []
 

@@ -1,0 +1,34 @@
+"""bench/peer_molmo2.py end to end at the tiny geometry on the CPU: our arms and transformers' Molmo2 in one run,
+every row with the numbers the README's table prints, and the conditions a reader needs to judge them. No
+timing is asserted (timings belong in benchmarks): this keeps the H200 benchmark from rotting between GPU runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "batch", "camera_counts", "max_crops", "warmup",
+              "timed_steps", "dtype", "peer_attention", "bf16_matmul_tflops", "s_per_step", "order", "alongside"}  # fmt: skip
+ROW = {"name", "load_s", "peak_gib", "error", "warmup_times", "times", "s_per_step", "median_s", "tokens_per_s",
+       "padding", "flops_per_step", "mfu"}  # fmt: skip
+
+
+def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
+    command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--ours", "head,six", "--peer-chunks", "2",
+               "--warmup", "1", "--cycles", "1", "--peer-last", "--alongside", "nothing", "--out", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "peer_molmo2_cpu-tiny.json").read_text())
+    assert CONDITIONS <= set(report["conditions"])
+    assert report["conditions"]["order"] == "peer last" and report["conditions"]["alongside"] == "nothing"
+    assert report["conditions"]["dtype"].startswith("fp32 (no autocast")  # the CPU trains in fp32: said so
+    names = [row["name"] for row in report["rows"]]
+    assert names[:2] == ["ours head", "ours six"] and names[2].startswith("transformers ") and len(names) == 3
+    for row in report["rows"]:
+        assert ROW <= set(row) and row["error"] is None
+        assert len(row["times"]) == report["conditions"]["timed_steps"]
+        assert row["s_per_step"] > 0 and row["flops_per_step"] > 0 and 0 <= row["padding"] < 1
+    assert "vs peer" in result.stdout  # the printed table compares against the peer of the same run
