@@ -13,8 +13,8 @@
 #   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
 #                    @none: no peer)
 #   gputests         the GPU tests of the Molmo2 workload
-# Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db and the compile cache
-# come back under $OUT. PEER_LAST=1 times the peer after our arms.
+# Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
+# PEER_LAST=1 times the peer after our arms.
 set -uo pipefail
 source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -62,4 +62,3 @@ done
 for reg in $(grep -ho "ladder=[^ @]*" <<< "${LANE0:-} ${LANE1:-} ${LANE2:-} ${LANE3:-}" | cut -d= -f2 | sort -u); do
   python3 cli.py audit show "$reg" --ledger ledger.db | tail -12
 done
-save_compile_cache

@@ -15,7 +15,7 @@ case "${PART:-ladder}" in
     python3 bench/peer_molmo2.py --profile h200-4b --ours "${OURS:-head,fast-c2,fast-c1}" --peer-chunks "${PEER:-6}" \
       --profile-arm "${PROFILE_ARM:-}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --out "$OUT" > "$OUT/peer.log" 2>&1
     grep -A12 '^conditions' "$OUT/peer.log"
-    [ "${PART}" = peer ] && { save_compile_cache; exit 0; } ;;
+    [ "${PART}" = peer ] && exit 0 ;;
   bench)
     python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
 esac
@@ -23,4 +23,3 @@ python3 cli.py run "$REG" --budget-s "${BUDGET_S:-400}" --ledger ledger.db > "$O
 tail -5 "$OUT/run.log"
 bring_ledger_back
 python3 cli.py audit show "$REG" --ledger ledger.db | tail -15
-save_compile_cache

@@ -20,4 +20,3 @@ bring_ledger_back
 python3 cli.py report "$REG" --ledger ledger.db --out /tmp/report > /dev/null 2>&1 && tar czf "$OUT/report.tgz" -C /tmp report \
   || echo "report: not yet (no verdict data)"
 python3 cli.py audit show "$REG" --ledger ledger.db | tail -12
-save_compile_cache
