@@ -96,18 +96,21 @@ def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[
 
 
 def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
-    """One pass over the pool under torch.profiler: the top kernels by device time, printed and saved."""
+    """One pass over the pool under torch.profiler: the top kernels by device time, printed and saved, and the
+    top operators by input shape (top_shapes.txt: which matmul of which module runs slow)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         for step in steps:
             step_fn(step)
         synchronize(device)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    shapes = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=40, max_name_column_width=40)
     out.mkdir(parents=True, exist_ok=True)
     (out / "top_ops.txt").write_text(table)
+    (out / "top_shapes.txt").write_text(shapes)
     print(table, flush=True)
 
 

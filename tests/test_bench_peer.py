@@ -18,7 +18,8 @@ ROW = {"name", "load_s", "peak_gib", "error", "warmup_times", "times", "s_per_st
 
 def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
     command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--ours", "head,six", "--peer-chunks", "2",
-               "--warmup", "1", "--cycles", "1", "--peer-last", "--alongside", "nothing", "--out", str(tmp_path)]  # fmt: skip
+               "--warmup", "1", "--cycles", "1", "--peer-last", "--alongside", "nothing", "--profile-arm", "six",
+               "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "peer_molmo2_cpu-tiny.json").read_text())
@@ -32,3 +33,5 @@ def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
         assert len(row["times"]) == report["conditions"]["timed_steps"]
         assert row["s_per_step"] > 0 and row["flops_per_step"] > 0 and 0 <= row["padding"] < 1
     assert "vs peer" in result.stdout  # the printed table compares against the peer of the same run
+    assert "aten::mm" in (tmp_path / "profile_six" / "top_ops.txt").read_text()
+    assert "Input Shapes" in (tmp_path / "profile_six" / "top_shapes.txt").read_text()
