@@ -27,8 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFIX_ATTENTION = ("sdpa", "flex")
-SUFFIX_ATTENTION = ("sdpa", "flex")
+ATTENTION_KERNELS = ("sdpa", "flex")  # for the prefix and for the suffix alike
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,9 @@ class Execution:
     dynamic: bool = False  # config key compile_dynamic
 
     def __post_init__(self) -> None:
-        if self.prefix_attention not in PREFIX_ATTENTION:
-            raise ValueError(f"prefix_attention = {self.prefix_attention!r}; allowed: {list(PREFIX_ATTENTION)}")
-        if self.suffix_attention not in SUFFIX_ATTENTION:
-            raise ValueError(f"suffix_attention = {self.suffix_attention!r}; allowed: {list(SUFFIX_ATTENTION)}")
+        for name in ("prefix_attention", "suffix_attention"):
+            if getattr(self, name) not in ATTENTION_KERNELS:
+                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: {list(ATTENTION_KERNELS)}")
         for name in ("compile", "dynamic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")
