@@ -200,13 +200,15 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
 def run(reg_id: str, dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; run nothing"),
         file: Path = typer.Option(None, "--file", help="the registration file (default: registrations/<frozen file name>)"),
         budget_s: float = typer.Option(None, "--budget-s", help="stop cleanly before this many seconds and leave the ladder resumable"),
+        gate_only: bool = typer.Option(False, "--gate-only", help="run the oracle gate and stop before the first rung; a later run resumes the ladder"),
         ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Oracle gate, then the ladder; resumes an interrupted ladder."""
     with verb(as_json):
         from engine.ladder import run_ladder
 
         with open_ledger(ledger) as store:
-            summary = run_ladder(store, reg_id, file=file, dry_run=dry_run, budget_s=budget_s, console=None if as_json else out)
+            summary = run_ladder(store, reg_id, file=file, dry_run=dry_run, budget_s=budget_s,
+                                 console=None if as_json else out, gate_only=gate_only)
         emit(as_json, summary)
 
 

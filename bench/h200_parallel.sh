@@ -10,6 +10,7 @@
 #   ladder=REG[@S]   `prereg run REG --budget-s S` (S defaults to BUDGET_S, else 480); it appends to the one
 #                    ledger.db that every lane shares (the ledger serializes its writers; the run lock is per
 #                    registration)
+#   gate=REG[@S]     the same with --gate-only: the oracle gate, then stop before the first rung
 #   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
 #                    @none: no peer)
 #   gputests         the GPU tests of the Molmo2 workload
@@ -26,11 +27,12 @@ run_task() {  # one task on the GPU this lane was given
   echo "== $(date +%T) $task on GPU $CUDA_VISIBLE_DEVICES"
   case "$name" in
     ladder) python3 cli.py run "$value" --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
+    gate) python3 cli.py run "$value" --gate-only --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
     peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
             --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
             ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
     gputests) python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
-    *) echo "unknown task $task; allowed: ladder=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"
@@ -59,6 +61,6 @@ for lane in 0 1 2 3 4 5 6 7; do
   [ -f "$OUT/lane$lane.log" ] || continue
   echo "==== lane $lane"; grep -E "^== |passed|failed|stopped|verdict|budget|^ours|^transformers|ceiling" "$OUT/lane$lane.log" | tail -25
 done
-for reg in $(grep -ho "ladder=[^ @]*" <<< "${LANE0:-} ${LANE1:-} ${LANE2:-} ${LANE3:-}" | cut -d= -f2 | sort -u); do
+for reg in $(grep -hoE "(ladder|gate)=[^ @]*" <<< "${LANE0:-} ${LANE1:-} ${LANE2:-} ${LANE3:-}" | cut -d= -f2 | sort -u); do
   python3 cli.py audit show "$reg" --ledger ledger.db | tail -12
 done

@@ -62,11 +62,17 @@ def state_of(ledger: Path, reg_id: str = "micro"):
 
 def test_tiny_ladder_end_to_end(tmp_path):
     path, ledger = frozen(tmp_path)
+    # --gate-only: every oracle answers, no rung starts, and the summary says what is left.
+    gated = json.loads(prereg("run", "micro", "--file", str(path), "--gate-only", "--json", ledger=ledger, check=True).stdout)
+    assert (gated["complete"], gated["stopped"], gated["runs"]) == (False, "gate-only", []), gated
+    assert gated["remaining"] and not any(r.startswith("oracle ") for r in gated["remaining"]), gated["remaining"]
+    oracles_after_gate = state_of(ledger)[0].oracles
     summary = run_json("micro", path, ledger)
     assert summary["complete"], summary
     assert "cuDNN" in summary["dropped"]["P1"]["reason"]  # cannot run on a CPU: a failure, never a skip
     state, report = state_of(ledger)
     assert report.ok
+    assert state.oracles == oracles_after_gate  # the resumed run re-ran no oracle
     finished = {r.rung: r for r in state.runs if r.status == "finished"}
     assert set(finished) == {"A", "C"}  # B tested only P1: not run
     assert finished["C"].items == ("P2", "P4")
