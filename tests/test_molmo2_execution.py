@@ -270,6 +270,31 @@ def test_cuda_flex_trains_like_sdpa(batch, execution):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_suffix_flex_at_the_4b_head_geometry_matches_sdpa_forward_and_backward():
+    """The tiny model's heads never reach FlexAttention's decoding kernel; 4B's do: 96 suffix queries (< 128) and
+    a power-of-two GQA ratio (32/8) made AUTO pick it, which inductor could not lower on the H200. The suffix's
+    attention at that geometry, forward and backward, against SDPA on the dense mask."""
+    from engine.molmo2.text import attend
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator().manual_seed(7)
+    B, P, T, heads, kv_heads, dim = 2, 688, 96, 32, 8, 128
+    cache_keys = torch.rand(B, P, generator=g) > 0.2
+    suffix = torch.ones(B, T, dtype=torch.bool)
+    suffix[1, 80:] = False  # a right-padded row, as the collator pads
+    q, k, v = (torch.randn(B, h, L, dim, generator=g).cuda().requires_grad_()
+               for h, L in ((heads, T), (kv_heads, P + T), (kv_heads, P + T)))  # fmt: skip
+    flex = attend(q, k, v, continuation_block_mask(cache_keys.cuda(), suffix.cuda()))
+    dense = attend(q, k, v, continuation_mask(cache_keys.cuda(), suffix.cuda()))
+    assert (flex - dense).abs().max().item() <= FORWARD_ATOL
+    cotangent = torch.randn(flex.shape, generator=g).cuda()
+    grads = [torch.autograd.grad(out, (q, k, v), cotangent, retain_graph=True) for out in (flex, dense)]
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() <= GRAD_RTOL * b.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_dynamic_compile_trains_like_eager():
     """The symbolic-size graphs, not the first static one: a batch of another size after the first, compared with
     eager SDPA on that batch."""

@@ -60,6 +60,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> tor
     """GQA attention, scale 1/sqrt(head_dim). A dense bool mask goes to SDPA, whose backends the caller picks with
     `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py)."""
     if isinstance(mask, BlockMask):
+        if q.device.type == "cuda":
+            # The main Triton kernel, never the decoding one that AUTO picks for fewer than 128 queries with a
+            # power-of-two GQA ratio: the suffix's 96 queries at 4B's 32/8 heads got it, and inductor found no
+            # config to lower it with (NoValidChoicesError on the H200, torch 2.11).
+            return _flex("cuda")(q, k, v, block_mask=mask, enable_gqa=True, kernel_options={"BACKEND": "TRITON"})
         return _flex(q.device.type)(q, k, v, block_mask=mask, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
