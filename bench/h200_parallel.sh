@@ -13,7 +13,7 @@
 #   gate=REG[@S]     the same with --gate-only: the oracle gate, then stop before the first rung
 #   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
 #                    @none: no peer)
-#   gputests         the GPU tests of the Molmo2 workload
+#   gputests[=K]     the GPU tests of the Molmo2 workload (those whose names match pytest's -k K)
 # Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
 # PEER_LAST=1 times the peer after our arms.
 set -uo pipefail
@@ -31,8 +31,8 @@ run_task() {  # one task on the GPU this lane was given
     peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
             --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
             ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
-    gputests) python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
-    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], gputests"; return 2 ;;
+    gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], gputests[=K]"; return 2 ;;
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"
