@@ -13,9 +13,10 @@
 #   gate=REG[@S]     the same with --gate-only: the oracle gate, then stop before the first rung
 #   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
 #                    @none: no peer)
+#   flexbench        bench/flex_configs.py: the prefix's FlexAttention under several kernel configurations
 #   gputests[=K]     the GPU tests of the Molmo2 workload (those whose names match pytest's -k K)
 # Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
-# PEER_LAST=1 times the peer after our arms.
+# PEER_LAST=1 times the peer after our arms. LANE_TIMEOUT_S=S stops every lane's tasks after S seconds (SIGTERM).
 set -uo pipefail
 source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -31,8 +32,9 @@ run_task() {  # one task on the GPU this lane was given
     peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
             --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
             ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
+    flexbench) python3 bench/flex_configs.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
     gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
-    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], gputests[=K]"; return 2 ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], flexbench, gputests[=K]"; return 2 ;;
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"
@@ -51,8 +53,11 @@ for lane in 0 1 2 3 4 5 6 7; do
     [ "$other" != "$lane" ] && [ -n "${!other_var:-}" ] && others="$others GPU $other: ${!other_var};"
   done
   (
-    export CUDA_VISIBLE_DEVICES=$lane ALONGSIDE="${others# }"
-    for task in $tasks; do run_task "$task"; done
+    export CUDA_VISIBLE_DEVICES=$lane ALONGSIDE="${others# }" TASKS="$tasks"
+    export -f run_task
+    # LANE_TIMEOUT_S: the lane's tasks get SIGTERM then (a ladder stops cleanly on it), so this script still
+    # brings the ledger back inside the device call's limit; a timeout around the whole script would not.
+    timeout --kill-after=30 "${LANE_TIMEOUT_S:-86400}" bash -c 'for task in $TASKS; do run_task "$task"; done'
   ) > "$OUT/lane$lane.log" 2>&1 &
 done
 wait

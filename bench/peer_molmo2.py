@@ -96,8 +96,9 @@ def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[
 
 
 def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
-    """One pass over the pool under torch.profiler: the top kernels by device time, printed and saved, and the
-    top operators by input shape (top_shapes.txt: which matmul of which module runs slow)."""
+    """One pass over the pool under torch.profiler: the top operators by device time (inclusive), printed and
+    saved, the top operators by input shape (top_shapes.txt: which matmul of which module runs slow), and the
+    top 80 by self time (top_kernels.txt: where the step's device time goes, each kernel counted once)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -108,9 +109,14 @@ def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
     shapes = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=40, max_name_column_width=40)
+    # By self time: kernels themselves (nvjet GEMMs, Triton fusions, FlexAttention's templates), each counted once;
+    # the inclusive tables above count a kernel again in every wrapper around it.
+    self_sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    kernels = prof.key_averages().table(sort_by=self_sort, row_limit=80, max_name_column_width=90)
     out.mkdir(parents=True, exist_ok=True)
     (out / "top_ops.txt").write_text(table)
     (out / "top_shapes.txt").write_text(shapes)
+    (out / "top_kernels.txt").write_text(kernels)
     print(table, flush=True)
 
 

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from conftest import REPO
 
 CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "batch", "camera_counts", "max_crops", "warmup",
@@ -35,3 +37,25 @@ def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
     assert "vs peer" in result.stdout  # the printed table compares against the peer of the same run
     assert "aten::mm" in (tmp_path / "profile_six" / "top_ops.txt").read_text()
     assert "Input Shapes" in (tmp_path / "profile_six" / "top_shapes.txt").read_text()
+    by_self = (tmp_path / "profile_six" / "top_kernels.txt").read_text()
+    assert by_self.index("Self CPU") < by_self.index("aten::mm")  # sorted by self time, the matmuls among the top
+
+
+def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_peers(tmp_path):
+    """bench/flex_configs.py: the FLOP count is over allowed pairs (a hand-counted mask), and a CPU run at the
+    tiny geometry produces both SDPA peer rows (FlexAttention has no backward on a CPU: its rows say so)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from flex_configs import attention_flops
+
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]  # 10 allowed pairs
+    assert attention_flops(causal, heads=2, head_dim=8) == (4 * 10 * 2 * 8, 10 * 10 * 2 * 8)
+    command = [sys.executable, "bench/flex_configs.py", "--profile", "cpu-tiny", "--configs", "default", "--warmup", "1",
+               "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "flex_configs_cpu-tiny.json").read_text())
+    assert {"device", "torch", "dtype", "batch", "seq", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(report["conditions"])
+    rows = {row["name"]: row for row in report["rows"]}
+    assert "backward on CPU" in rows["default"]["error"]
+    for peer in ("sdpa-dense-mask", "sdpa-causal-flash"):
+        assert rows[peer]["error"] is None and rows[peer]["fwd_bwd_tflops"] > 0
