@@ -8,8 +8,11 @@ vocabulary at every position, its own loss); ours computes the suffix only (logi
 FLOPs per step are model FLOPs on useful (non-padding) tokens: 6 x (trainable decoder parameters) per token for
 forward + backward of the decoder, 2 x (frozen decoder-side parameters on the token path: none beyond the
 trainables' matmuls) — plus 2 x (vision tower + adapter parameters) per image patch (forward only, frozen),
-plus attention 12 x layers x heads x head_dim x (sum over rows of prefix length^2 / 2 + suffix x full length)
-(QK^T and AV, forward 1 + backward 2). The head: 6 x hidden x vocab per loss-bearing token for ours.
+plus attention 12 x layers x heads x head_dim x (the pairs of real tokens the masks allow: causal OR image-block in
+the prefix, the suffix against its prefix and causally; `attention_pairs`) (QK^T and AV, forward 1 + backward 2).
+The head: 6 x hidden x vocab per loss-bearing token for ours. Rows banked before 2026-11-30 counted prefix^2 / 2
+pairs a row, as if the prefix were causal: 8.65 attention TFLOP a step at h200-4b where the image block makes it
+13.56, so their MFU reads 1.9% (relative) low.
 MFU = FLOPs / s_per_step / measured bf16 matmul rate.
 
 Our arms (OURS below) differ from HEAD only by switches and run config: FlexAttention for the prefix, compiled
@@ -36,7 +39,7 @@ import torch  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.peer import transformers_config, transformers_inputs  # noqa: E402
-from engine.molmo2.model import Molmo2Model  # noqa: E402
+from engine.molmo2.model import Molmo2Model, prefix_attention_mask  # noqa: E402
 from engine.molmo2.train import autocast, synchronize  # noqa: E402
 from engine.molmo2.workload import Molmo2Runner  # noqa: E402
 
@@ -61,6 +64,18 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
     return 2 * n**3 / statistics.median(times)
 
 
+def attention_pairs(chunk) -> float:
+    """(query, key) pairs the model attends over between real tokens: the prefix's causal-OR-image rule (image
+    tokens see every image token of their row, later ones included), then each suffix token against the row's
+    real prefix and, causally, its suffix. Padding on either side does not count."""
+    real = chunk.prefix.attention_mask.bool()
+    allowed = prefix_attention_mask(chunk.prefix.attention_mask, chunk.prefix.mm_token_type_ids)[:, 0]
+    prefix_pairs = float((allowed & real[:, :, None] & real[:, None, :]).sum())
+    prefix = chunk.prefix.attention_mask.sum(1).double()
+    suffix = chunk.suffix.attention_mask.sum(1).double()
+    return prefix_pairs + float((suffix * prefix + suffix * (suffix + 1) / 2).sum())
+
+
 def step_flops(runner: Molmo2Runner) -> float:
     """Model FLOPs of the pool's average step, on useful tokens (the module docstring says what counts)."""
     config = runner.config
@@ -76,7 +91,7 @@ def step_flops(runner: Molmo2Runner) -> float:
             suffix = chunk.suffix.attention_mask.sum(1).double()
             tokens = float(prefix.sum() + suffix.sum())
             patches = float(chunk.prefix.pixel_values.shape[0] * chunk.prefix.pixel_values.shape[1])
-            attention = 12 * t.num_layers * t.num_heads * t.head_dim * float((prefix**2 / 2 + suffix * (prefix + suffix / 2)).sum())
+            attention = 12 * t.num_layers * t.num_heads * t.head_dim * attention_pairs(chunk)
             loss_tokens = float((chunk.suffix.labels >= 0).sum())
             head = 6 * t.hidden_size * (t.vocab_size + config.fast_vocab_size) * loss_tokens
             total += 6 * trainable * tokens + 2 * vision * patches + attention + head

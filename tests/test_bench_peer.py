@@ -41,6 +41,19 @@ def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
     assert by_self.index("Self CPU") < by_self.index("aten::mm")  # sorted by self time, the matmuls among the top
 
 
+def test_attention_pairs_count_the_image_block_and_no_padding():
+    """One row: prefix [text, image, image, pad], two real suffix tokens. Prefix: the causal pairs of 3 real
+    tokens (6) plus image 1 -> image 2 (1); suffix: 2 x 3 prefix keys + causal 1 + 2 = 9."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from peer_molmo2 import attention_pairs
+
+    prefix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 1, 0]]), mm_token_type_ids=torch.tensor([[0, 1, 1, 0]]))
+    suffix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 0]]))
+    assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix)) == 16
+
+
 def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_peers(tmp_path):
     """bench/flex_configs.py: the FLOP count is over allowed pairs (a hand-counted mask), and a CPU run at the
     tiny geometry produces both SDPA peer rows (FlexAttention has no backward on a CPU: its rows say so)."""
