@@ -7,8 +7,8 @@ decoder's heads (bf16, as under autocast). Each row compiles `flex_attention` af
 
 FLOPs count the allowed (query, key) pairs of the dense mask, not the tiles a kernel visits: forward
 4 x pairs x head_dim x heads (QK^T and PV), backward 10 x pairs x head_dim x heads (the recomputed QK^T, dV, dP,
-dQ, dK), so a row's TFLOP/s is useful work. Peers in the same run: SDPA on the dense bool mask (what HEAD runs,
-efficient-attention backend), and SDPA causal with no mask (FLASH): not the same attention (its rate counts the
+dQ, dK), so a row's TFLOP/s is useful work. Peers in the same run: SDPA on the dense bool mask (HEAD's call, with
+whichever backend SDPA picks for GQA with a mask), and SDPA causal with no mask (FLASH): not the same attention (its rate counts the
 causal pairs it computes), the rate a dense kernel reaches on this shape.
 
     python bench/flex_configs.py --profile h200-4b [--configs default,tma,...] [--warmup 3 --repeats 20] --out DIR
