@@ -13,6 +13,7 @@ from torch.nn.attention import SDPBackend
 
 from engine.molmo2.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
 from engine.molmo2.model import KVCache, Molmo2Model, greedy_decode
+from engine.molmo2.packing import Packing
 from engine.molmo2.switches import Switches
 from engine.molmo2.text import HEAD_BACKENDS, backends_context
 
@@ -45,7 +46,7 @@ def suffix_backends(training: bool, switches: Switches) -> tuple[SDPBackend, ...
     return HEAD_BACKENDS
 
 
-def encode_prefix(model: Molmo2Model, prefix: PrefixInputs) -> KVCache:
+def encode_prefix(model: Molmo2Model, prefix: PrefixInputs, packing: Packing | None = None) -> KVCache:
     """The prefix's K/V per layer, its key mask and each row's next position; its own outputs are never read,
     so the last layer computes only its K/V. Gradients flow back through the kept K/V into the blocks."""
     cache, _ = model.prefill(
@@ -56,21 +57,23 @@ def encode_prefix(model: Molmo2Model, prefix: PrefixInputs) -> KVCache:
         image_token_pooling=prefix.image_token_pooling,
         state=prefix.state,
         state_positions=prefix.state_positions,
+        state_rows=prefix.state_rows,
         last_logits=False,
+        packing=packing,
     )
     return cache
 
 
-def forward_suffix(model: Molmo2Model, suffix: SuffixInputs, cache: KVCache) -> torch.Tensor:
+def forward_suffix(model: Molmo2Model, suffix: SuffixInputs, cache: KVCache, packing: Packing | None = None) -> torch.Tensor:
     """Suffix logits [B, T, logits_width]: each suffix token attends to the real prefix positions and causally
     to the real suffix positions, through a dense [B, 1, T, P + T] mask — the P1 site."""
     with backends_context(suffix_backends(model.training, model.switches)):
-        hidden, _ = model.extend(suffix.input_ids, suffix.attention_mask, cache)
+        hidden, _ = model.extend(suffix.input_ids, suffix.attention_mask, cache, packing)
     return model.logits(hidden)
 
 
 def ar_forward(model: Molmo2Model, batch: ARBatch) -> torch.Tensor:
-    return forward_suffix(model, batch.suffix, encode_prefix(model, batch.prefix))
+    return forward_suffix(model, batch.suffix, encode_prefix(model, batch.prefix, batch.packing), batch.packing)
 
 
 @torch.no_grad()

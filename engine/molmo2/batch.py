@@ -14,8 +14,12 @@ The number of `<im_patch>` ids in `input_ids` equals n_image_tokens_total, in th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.molmo2.packing import Packing
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class PrefixInputs:
     image_num_crops: torch.Tensor  # [n_images] long
     state: torch.Tensor  # [B, state_dim] float: robot state, projected into the state slot
     state_positions: torch.Tensor  # [B] long: index of the state slot token in each row
+    state_rows: torch.Tensor | None = None  # [B] long: the row of each state slot; None: sample b's is row b
+    # (a packed chunk, packing.py, holds every sample in row 0)
 
     @property
     def batch_size(self) -> int:
@@ -56,9 +62,11 @@ class ARBatch:
     suffix: SuffixInputs
     actions: torch.Tensor  # [B, chunk_len, action_dim] float: the ground-truth action chunk (for decode MAE)
     n_cameras: tuple[int, ...]  # per sample
+    packing: "Packing | None" = None  # packing.py: the samples laid end to end in one row (run config `pack`)
 
     def to(self, device: torch.device | str) -> "ARBatch":
         def move(obj):
             return type(obj)(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(obj).items()})
 
-        return ARBatch(prefix=move(self.prefix), suffix=move(self.suffix), actions=self.actions.to(device), n_cameras=self.n_cameras)
+        return ARBatch(prefix=move(self.prefix), suffix=move(self.suffix), actions=self.actions.to(device), n_cameras=self.n_cameras,
+                       packing=None if self.packing is None else self.packing.to(device))

@@ -127,6 +127,7 @@ CONFIG_KEYS = {
         ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
                   regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
+        ConfigKey("pack", bool, "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)"),
         ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("suffix_attention", str, "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
         ConfigKey("fps", int, "action frames per second"),

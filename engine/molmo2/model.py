@@ -16,6 +16,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from engine.molmo2.config import Molmo2Config
 from engine.molmo2.execution import EAGER, Execution
+from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
 from engine.molmo2.switches import HEAD, Switches
 from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, TextModel, backends_context
 from engine.molmo2.vision import VisionBackbone
@@ -172,13 +173,14 @@ class Molmo2Model(nn.Module):
         image_features: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         state_positions: torch.Tensor | None = None,
+        state_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.transformer.wte(input_ids, branchless=self.switches.branchless_extension_lookup)
         if image_features is not None:
             x = self._add_image_features(input_ids, x, image_features)
         if state is not None:
             # x is ours here (a fresh lookup or its clone), so the slot add can be in place.
-            rows = torch.arange(x.shape[0], device=x.device)
+            rows = torch.arange(x.shape[0], device=x.device) if state_rows is None else state_rows
             x.index_put_((rows, state_positions), self.state_proj(state).to(x.dtype), accumulate=True)
         return x
 
@@ -242,9 +244,10 @@ class Molmo2Model(nn.Module):
         image_token_pooling: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         state_positions: torch.Tensor | None = None,
+        state_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         features = None if pixel_values is None else self.image_features(pixel_values, image_token_pooling)
-        return self.embed(input_ids, features, state, state_positions)
+        return self.embed(input_ids, features, state, state_positions, state_rows)
 
     def forward(
         self,
@@ -276,36 +279,44 @@ class Molmo2Model(nn.Module):
         image_token_pooling: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         state_positions: torch.Tensor | None = None,
+        state_rows: torch.Tensor | None = None,
         last_logits: bool = True,
+        packing: Packing | None = None,
     ) -> tuple[KVCache, torch.Tensor | None]:
         """Encodes a LEFT-padded prompt once and keeps its K/V. With `last_logits`, also returns the logits at
         the last column ([B, logits_width]), the next-token scores of every row; without, the last layer only
-        computes its K/V."""
+        computes its K/V. With `packing` (packing.py: a packed training chunk, one row of every sample's prompt),
+        positions and attention keep to each sample; its cache serves `extend` with the same packing only."""
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
-                                  state=state, state_positions=state_positions)  # fmt: skip
-        if self.execution.prefix_attention == "flex":
-            mask = prefix_block_mask(attention_mask, mm_token_type_ids)
+                                  state=state, state_positions=state_positions, state_rows=state_rows)  # fmt: skip
+        flex = self.execution.prefix_attention == "flex"
+        if packing is not None:
+            positions = packing.prefix_pos
+            mask = (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
         else:
-            mask = prefix_attention_mask(attention_mask, mm_token_type_ids)
+            positions = positions_from_mask(attention_mask)
+            mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
         with backends_context(HEAD_BACKENDS):
-            hidden, layers = self.decoder(x, positions_from_mask(attention_mask), mask,
-                                          last_layer_kv_only=not last_logits)  # fmt: skip
+            hidden, layers = self.decoder(x, positions, mask, last_layer_kv_only=not last_logits)
         cache = KVCache(tuple(layers), attention_mask.bool(), attention_mask.long().sum(-1))
         if not last_logits:
             return cache, None
         return cache, self.logits(self.transformer.ln_f(hidden[:, -1]))
 
     def extend(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache, packing: Packing | None = None
     ) -> tuple[torch.Tensor, list[KV]]:
         """T new text tokens (RIGHT-padded) after the cached positions: their hidden states after ln_f
-        [B, T, hidden] and each layer's K/V of them. Attention backends are the caller's `backends_context`."""
+        [B, T, hidden] and each layer's K/V of them. Attention backends are the caller's `backends_context`.
+        With `packing`, the packed suffix row after the packed prefix that filled `cache`."""
         x = self.embed(input_ids)
-        positions = cache.next_position[:, None] + positions_from_mask(attention_mask)
-        if self.training and self.execution.suffix_attention == "flex":
-            mask = continuation_block_mask(cache.key_mask, attention_mask)
+        flex = self.training and self.execution.suffix_attention == "flex"
+        if packing is not None:
+            positions = packing.suffix_pos
+            mask = packed_suffix_block_mask(packing) if flex else packed_suffix_mask(packing)
         else:
-            mask = continuation_mask(cache.key_mask, attention_mask)
+            positions = cache.next_position[:, None] + positions_from_mask(attention_mask)
+            mask = (continuation_block_mask if flex else continuation_mask)(cache.key_mask, attention_mask)
         hidden, layers = self.decoder(x, positions, mask, past=cache)
         return self.transformer.ln_f(hidden), layers
 

@@ -26,6 +26,7 @@ from engine.molmo2.execution import Execution
 from engine.molmo2.memory_snapshot import MemoryInstrument
 from engine.molmo2.fast import FastDecodeError
 from engine.molmo2.model import Molmo2Model, init_weights
+from engine.molmo2.packing import pack
 from engine.molmo2.processor import ImageGeometry
 from engine.molmo2.prompt import ByteTokenizer, TokenLayout, parse_suffix
 from engine.molmo2.rig import RigDataset
@@ -100,6 +101,9 @@ class Molmo2Runner:
         # and cuts only each step's chunks where the camera counts meet: the step's gradient is HEAD's.
         self.bucket_by_length = bool(config.get("bucket_by_length", False))
         self.chunk_by_cameras = self.bucket_by_length or bool(config.get("chunk_by_cameras", False))
+        # pack: each chunk's samples end to end in one row (packing.py): no compute on padding, so no reason to cut
+        # a step by camera count; HEAD's steps and HEAD's function.
+        self.pack = bool(config.get("pack", False))
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
                                    suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
                                    dynamic=config.get("compile_dynamic", False))  # fmt: skip
@@ -175,6 +179,9 @@ class Molmo2Runner:
             # count, so the step's gradient is the same however it is chunked.
             groups = [[s for s in samples if s.n_cameras == n] for n in sorted({s.n_cameras for s in samples})]
         chunks = [self.collator(group[k: k + size]) for group in groups for k in range(0, len(group), size)]
+        if self.pack:
+            multiple = COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
+            chunks = [pack(chunk, multiple) for chunk in chunks]
         return prepare_step(chunks, self.device)
 
     # ---- training ----

@@ -1,0 +1,112 @@
+"""Packed training chunks (engine/molmo2/packing.py, run config `pack`): one row of every sample's tokens must
+compute what the padded chunk computes — the same logits at every real suffix token, the same loss, the same
+gradients, within the tolerances of tests/test_molmo2_execution.py — and its block masks must be its dense rules.
+
+On the CPU the packed path runs SDPA on dense masks; FlexAttention's (training needs its backward, which the CPU
+lacks) is the CUDA test at the end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from molmo2_fixtures import make_batch, tiny_config
+from test_molmo2_execution import FORWARD_ATOL, GRAD_RTOL, MORE_ROWS, _max_logit_diff, _step_losses, _train_step, _worst_grad
+
+from engine.molmo2.batch import IGNORE_INDEX
+from engine.molmo2.execution import Execution
+from engine.molmo2.model import positions_from_mask
+from engine.molmo2.packing import pack, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
+
+
+@pytest.fixture(scope="module")
+def padded():
+    return make_batch(tiny_config(), MORE_ROWS, seed=13)
+
+
+def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
+    packed = pack(padded, multiple=(16, 16))
+    p, s, k = padded.prefix, padded.suffix, packed.packing
+    p_real, s_real = p.attention_mask.bool(), s.attention_mask.bool()
+    n_p, n_s = int(p_real.sum()), int(s_real.sum())
+    assert packed.prefix.input_ids.shape == (1, -(-n_p // 16) * 16) and packed.suffix.input_ids.shape == (1, -(-n_s // 16) * 16)
+    assert torch.equal(packed.prefix.input_ids[0, :n_p], p.input_ids[p_real])
+    assert torch.equal(packed.prefix.mm_token_type_ids[0, :n_p], p.mm_token_type_ids[p_real])
+    assert torch.equal(k.prefix_doc[0, :n_p], torch.repeat_interleave(torch.arange(p.batch_size), p_real.sum(1)))
+    assert bool((k.prefix_doc[0, n_p:] == -1).all()) and not bool(packed.prefix.attention_mask[0, n_p:].any())
+    assert torch.equal(k.prefix_pos[0, :n_p], positions_from_mask(p.attention_mask)[p_real])  # what padding gave
+    suffix_positions = p_real.sum(1)[:, None] + positions_from_mask(s.attention_mask)
+    assert torch.equal(k.suffix_pos[0, :n_s], suffix_positions[s_real])
+    assert torch.equal(packed.suffix.labels[0, :n_s], s.labels[s_real])
+    assert bool((packed.suffix.labels[0, n_s:] == IGNORE_INDEX).all())
+    assert (packed.suffix.labels != IGNORE_INDEX).sum() == (s.labels != IGNORE_INDEX).sum()
+    # Each state slot lands on the same token it sat on in the padded row.
+    rows = torch.arange(p.batch_size)
+    assert torch.equal(packed.prefix.input_ids[packed.prefix.state_rows, packed.prefix.state_positions],
+                       p.input_ids[rows, p.state_positions])  # fmt: skip
+    assert torch.equal(k.prefix_doc[0, packed.prefix.state_positions], rows)
+    with pytest.raises(ValueError, match="packed already"):
+        pack(packed)
+
+
+@pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
+def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple):
+    """Logits at every real suffix token, the loss and every gradient: packed against padded, both eager SDPA."""
+    reference = _train_step(padded, Execution())
+    packed = pack(padded, multiple)
+    logits, loss, grads = _train_step(packed, Execution())
+    real = padded.suffix.attention_mask.bool()
+    n = int(real.sum())
+    assert _max_logit_diff(reference[0][real], logits[0, :n]) <= FORWARD_ATOL
+    assert abs(float(loss - reference[1])) <= 1e-5 * abs(float(reference[1]))
+    name, diff = _worst_grad(reference[2], grads)
+    assert diff <= GRAD_RTOL, name
+
+
+def test_no_token_attends_across_samples(padded):
+    """The sharpest check of the masks: change one sample's tokens and no other sample's logits move."""
+    packed = pack(padded)
+    base = _train_step(packed, Execution(), grad=False)[0]
+    ids = packed.prefix.input_ids.clone()
+    first = packed.packing.prefix_doc[0] == 0
+    ids[0, first & (packed.prefix.mm_token_type_ids[0] == 0)] = 7  # sample 0's text, not its image tokens
+    from dataclasses import replace
+
+    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(), grad=False)[0]
+    own = packed.packing.suffix_doc[0] == 0
+    assert _max_logit_diff(base[0, ~own], changed[0, ~own]) == 0.0
+    assert _max_logit_diff(base[0, own], changed[0, own]) > 1e-3
+
+
+def test_the_packed_block_masks_are_the_dense_rules(padded):
+    packed = pack(padded, multiple=(16, 16))
+    k, types = packed.packing, packed.prefix.mm_token_type_ids
+    zero = torch.tensor(0)
+    for dense, block in ((packed_prefix_mask(k, types), packed_prefix_block_mask(k, types)),
+                         (packed_suffix_mask(k), packed_suffix_block_mask(k))):  # fmt: skip
+        Q, KV = dense.shape[-2:]
+        rebuilt = block.mask_mod(zero, zero, torch.arange(Q)[:, None], torch.arange(KV)[None, :])
+        assert torch.equal(rebuilt, dense[0, 0])
+        assert bool(dense[0, 0].any(-1).all())  # no query without a key
+
+
+def test_packed_steps_train_like_heads_six_chunks():
+    """The runner with `pack = true`, one chunk a step, follows HEAD's six padded chunks over six steps."""
+    head = _step_losses(6, backward_chunks=6)
+    packed = _step_losses(6, backward_chunks=1, pack=True)
+    assert max(abs(a - b) / a for a, b in zip(head, packed)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("execution", [Execution(prefix_attention="flex", suffix_attention="flex"),
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True)],
+                         ids=["flex", "flex+compile"])  # fmt: skip
+def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    reference = _train_step(padded, Execution(), "cuda")
+    logits, _, grads = _train_step(pack(padded, (16, 16)), execution, "cuda")
+    real = padded.suffix.attention_mask.bool()
+    assert _max_logit_diff(reference[0][real], logits[0, : int(real.sum())]) <= FORWARD_ATOL
+    name, diff = _worst_grad(reference[2], grads)
+    assert diff <= GRAD_RTOL, name
