@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.peer import transformers_config, transformers_inputs  # noqa: E402
 from engine.molmo2.model import Molmo2Model, prefix_attention_mask  # noqa: E402
+from engine.molmo2.packing import packed_prefix_mask, packed_suffix_mask  # noqa: E402
 from engine.molmo2.train import autocast, synchronize  # noqa: E402
 from engine.molmo2.workload import Molmo2Runner  # noqa: E402
 
@@ -67,7 +68,14 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
 def attention_pairs(chunk) -> float:
     """(query, key) pairs the model attends over between real tokens: the prefix's causal-OR-image rule (image
     tokens see every image token of their row, later ones included), then each suffix token against the row's
-    real prefix and, causally, its suffix. Padding on either side does not count."""
+    real prefix and, causally, its suffix. Padding on either side does not count; in a packed chunk, neither do
+    pairs across samples (the packed masks keep attention to each sample)."""
+    if chunk.packing is not None:
+        k = chunk.packing
+        real_p, real_s = k.prefix_doc[0] >= 0, k.suffix_doc[0] >= 0
+        prefix_pairs = packed_prefix_mask(k, chunk.prefix.mm_token_type_ids)[0, 0] & real_p[:, None] & real_p[None, :]
+        suffix_pairs = packed_suffix_mask(k)[0, 0] & real_s[:, None] & torch.cat([real_p, real_s])[None, :]
+        return float(prefix_pairs.sum()) + float(suffix_pairs.sum())
     real = chunk.prefix.attention_mask.bool()
     allowed = prefix_attention_mask(chunk.prefix.attention_mask, chunk.prefix.mm_token_type_ids)[:, 0]
     prefix_pairs = float((allowed & real[:, :, None] & real[:, None, :]).sum())
@@ -199,6 +207,11 @@ OURS = {
     "fast-c1-x2-sflex": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"}, (*ALL_SIX, "vit_fp16_attention")),
     "fast-c1-same-steps-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
                               (*ALL_SIX, "vit_fp16_attention")),
+    # HEAD's steps packed (packing.py): each step's 12 samples end to end in one chunk, no compute on padding and
+    # no gradient accumulation; both attentions on FlexAttention (dense masks over a packed row of ~12k tokens
+    # would not fit)
+    "packed-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
+                  (*ALL_SIX, "vit_fp16_attention")),
 }
 
 

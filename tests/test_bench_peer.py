@@ -51,7 +51,20 @@ def test_attention_pairs_count_the_image_block_and_no_padding():
 
     prefix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 1, 0]]), mm_token_type_ids=torch.tensor([[0, 1, 1, 0]]))
     suffix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 0]]))
-    assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix)) == 16
+    assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix, packing=None)) == 16
+
+
+def test_a_packed_chunk_counts_the_pairs_of_its_padded_self():
+    """Packing moves tokens, not work: the same pairs as the padded chunk, none across samples."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from molmo2_fixtures import make_batch, tiny_config
+    from peer_molmo2 import attention_pairs
+    from test_molmo2_execution import MORE_ROWS
+
+    from engine.molmo2.packing import pack
+
+    padded = make_batch(tiny_config(), MORE_ROWS, seed=13)
+    assert attention_pairs(pack(padded, (16, 16))) == attention_pairs(padded) > 0
 
 
 def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_peers(tmp_path):
