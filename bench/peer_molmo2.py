@@ -212,6 +212,12 @@ OURS = {
     # would not fit)
     "packed-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
                   (*ALL_SIX, "vit_fp16_attention")),
+    # X3 (the pooling attention as fp32 arithmetic) and X4 (the clip folded into the fused AdamW) on top: numerics
+    # items, each with its CPU tests; landing them is a ladder's question
+    "fast-c1-x2-sflex-x34": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"},
+                             (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
+                      (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
 }
 
 

@@ -521,3 +521,53 @@ def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
     x1_error = float((features["x1"] - features["fp32"]).pow(2).mean().sqrt())
     x2_error = float((features["x2"] - features["fp32"]).pow(2).mean().sqrt())
     assert 0 < x2_error < x1_error, (x2_error, x1_error)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# X3 (pool_fp32_math): the pooling attention as fp32 arithmetic, training mode only
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pool_precisions(model, batch: ARBatch, monkeypatch) -> list:
+    """The precision override each pooling attention call receives (the ViT blocks pass no mask)."""
+    from engine.molmo2.vision import DotProductAttention
+
+    seen = []
+    real = DotProductAttention.forward
+
+    def spy(self, x_q, x_kv=None, mask=None, precision=None):
+        if mask is not None:
+            seen.append(precision)
+        return real(self, x_q, x_kv, mask, precision)
+
+    monkeypatch.setattr(DotProductAttention, "forward", spy)
+    encode_prefix(model, batch.prefix)
+    return seen
+
+
+def test_x3_reaches_the_pooling_in_training_only(batch, monkeypatch):
+    model = tiny_model(switches=Switches(pool_fp32_math=True)).train()
+    assert set(_pool_precisions(model, batch, monkeypatch)) == {"fp32-math"}
+    assert set(_pool_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's SDPA
+
+
+def test_x3_is_sdpa_to_fp32_rounding():
+    """The arithmetic against fp32 SDPA on the pooling's shapes, masked slots included: not a different function,
+    a different order of fp32 sums (2.4e-7 here)."""
+    from engine.molmo2.vision import fp32_attention_math
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(64, 4, n, 16, generator=g) for n in (1, 4, 4))
+    mask = torch.rand(64, 1, 1, 4, generator=g) > 0.4
+    mask[..., 0] = True  # every window keeps its top-left patch
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(fp32_attention_math(q, k, v, mask), expected, rtol=0, atol=1e-6)
+    assert fp32_attention_math(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask).dtype == torch.float32
+
+
+def test_x3_trains_like_head_to_fp32_rounding(batch):
+    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
+    other_logits, other_grads = _fwd_bwd(Switches(pool_fp32_math=True), batch, ar_split=True)
+    torch.testing.assert_close(other_logits, logits, rtol=0, atol=1e-5 * float(logits.abs().max()))
+    for name in grads:
+        torch.testing.assert_close(other_grads[name], grads[name], rtol=0, atol=1e-5 * float(grads[name].abs().max()) + 1e-12)

@@ -14,6 +14,8 @@ SWITCHES = {
     "no_embed_clone": "P4: no clone of the prefix embedding before the in-place masked feature add",
     "vit_bf16_attention": "X1: the frozen ViT's attention in bf16 instead of the hub's fp32, training mode only",
     "vit_fp16_attention": "X2: the frozen ViT's attention on fp16 inputs instead of the hub's fp32, training mode only",
+    "pool_fp32_math": "X3: the pooling attention as fp32 arithmetic instead of fp32 SDPA, training mode only",
+    "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
 }
 
 _TOL = frozenset({"tolerance"})

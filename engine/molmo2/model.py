@@ -155,7 +155,9 @@ class Molmo2Model(nn.Module):
             precision = "autocast"
         elif self.training and self.switches.vit_fp16_attention:
             precision = "fp16"
-        return vision(pixel_values, image_token_pooling, precision)
+        # X3 (pool_fp32_math), training mode only for the same reason.
+        pool = "fp32-math" if self.training and self.switches.pool_fp32_math else None
+        return vision(pixel_values, image_token_pooling, precision, pool)
 
     def _blocks(self, extending: bool) -> list[DecoderBlock]:
         """Compiled blocks for training and for prefixes; decode runs eager. Greedy decode extends its cache by one

@@ -52,6 +52,9 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
     if switch == "vit_bf16_attention" and runner.device.type != "cuda":
         return (f"X1 changes the ViT's attention dtype only under CUDA bf16 autocast; profile {runner.profile.name} "
                 "trains in fp32 on the CPU, where X1 switches nothing")
+    if switch == "clip_in_adamw" and runner.device.type != "cuda":
+        return (f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
+                f"{runner.profile.name} trains on the CPU with the unfused AdamW, which has no grad_scale")
     return None
 
 

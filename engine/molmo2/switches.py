@@ -35,6 +35,14 @@ class Switches:
     # X2 (not a seed item; X1's successor after X1a refused it): the frozen ViT's attention on fp16 inputs (FLASH
     # under CUDA; 10 bits of mantissa, 3 more than bf16), in training mode only, on any device. A numerics change.
     vit_fp16_attention: bool = False
+    # X3 (not a seed item; the fast step's profile by self time): the pooling attention (one query against the 4
+    # patches of a 2x2 window) as fp32 arithmetic instead of fp32 SDPA, whose memory-efficient kernel spends 9 ms a
+    # step on 1-row queries at 4B; in training mode only. A numerics change (fp32 reduction order).
+    pool_fp32_math: bool = False
+    # X4 (not a seed item; same profile): the gradient clip folded into the fused AdamW (its grad_scale, as
+    # GradScaler uses it) instead of a multiply over every gradient first (8 ms a step at 4B). Below the clip the
+    # update is HEAD's bitwise; above it, a divide by 1/c instead of a multiply by c. Needs the fused AdamW.
+    clip_in_adamw: bool = False
 
     def __post_init__(self) -> None:
         if self.vit_bf16_attention and self.vit_fp16_attention:

@@ -16,6 +16,17 @@ from engine.molmo2.config import Molmo2Config, VisionConfig
 ATTENTION_PRECISION = ("fp32", "autocast", "fp16")
 
 
+def fp32_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q.k / sqrt(d)) v in fp32 as products and sums (X3), for few keys: the pooling's one query against 4
+    patches. [.., Lq, d] x [.., Lk, d] -> [.., Lq, d]; mask True = may attend, broadcast to [.., Lq, Lk]."""
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = q.float(), k.float(), v.float()
+        scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) * q.shape[-1] ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1)[..., None] * v[..., None, :, :]).sum(-2)
+
+
 class DotProductAttention(nn.Module):
     """The hub's ViTMultiHeadDotProductAttention: biased wq/wk/wv/wo, non-causal, scale head_dim^-0.5. Used by
     the ViT blocks (self-attention) and by the pooling (one query against the 4 patches of a 2x2 window)."""
@@ -37,12 +48,14 @@ class DotProductAttention(nn.Module):
         precision: str | None = None,
     ) -> torch.Tensor:
         """`precision` overrides the configured float32_attention for this call: None, the config's; one of
-        ATTENTION_PRECISION otherwise."""
+        ATTENTION_PRECISION, or "fp32-math" (fp32_attention_math), otherwise."""
         x_kv = x_q if x_kv is None else x_kv
         q, k, v = self._heads(self.wq(x_q)), self._heads(self.wk(x_kv)), self._heads(self.wv(x_kv))
         dtype = q.dtype
         precision = ("fp32" if self.float32 else "autocast") if precision is None else precision
-        if precision == "autocast":
+        if precision == "fp32-math":
+            attn = fp32_attention_math(q, k, v, mask)
+        elif precision == "autocast":
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype. fp16
@@ -134,14 +147,15 @@ class VisionBackbone(nn.Module):
                                                     a.float32_attention)  # fmt: skip
         self.image_projector = ImageProjector(a.hidden_size, a.intermediate_size, config.text.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_attention_precision: str | None = None) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_attention_precision: str | None = None,
+                pool_precision: str | None = None) -> torch.Tensor:
         """pixel_values [n_crops, n_patches, patch_dim] (every crop of the batch); token_pooling [n_tokens, k]:
         per output token, k indices into the flattened (n_crops * n_patches) features, -1 = invalid slot.
         Returns [n_tokens, text_hidden], one row per pooled token, in order.
 
         Every row must hold at least one valid index (a 2x2 window of the bottom/right-padded patch grid always
         contains its top-left patch); the hub drops all-invalid rows, which only its own per-example batching
-        padding creates — our flat layout has one row per <im_patch> token, so there is nothing to drop."""
+        padding creates — our flat layout has one row per <im_patch> token, so there is nothing to drop. `pool_precision` overrides the pooling attention's (None; X3: "fp32-math")."""
         expected = self.config.vision.num_patches
         if pixel_values.shape[1] != expected:
             raise ValueError(f"pixel_values has {pixel_values.shape[1]} patches per crop; this geometry has "
@@ -154,5 +168,5 @@ class VisionBackbone(nn.Module):
         count = valid.float().sum(-1)
         count = torch.where(count == 0, 1, count)
         query = to_pool.sum(-2, keepdim=True) / count[:, None, None].to(to_pool.dtype)
-        pooled = self.image_pooling_2d(query, to_pool, mask=valid[:, None, None, :])  # [n_tokens, 1, hidden]
+        pooled = self.image_pooling_2d(query, to_pool, mask=valid[:, None, None, :], precision=pool_precision)  # [n_tokens, 1, hidden]
         return self.image_projector(pooled.squeeze(1))
