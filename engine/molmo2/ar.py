@@ -49,6 +49,8 @@ def suffix_backends(training: bool, switches: Switches) -> tuple[SDPBackend, ...
 def encode_prefix(model: Molmo2Model, prefix: PrefixInputs, packing: Packing | None = None) -> KVCache:
     """The prefix's K/V per layer, its key mask and each row's next position; its own outputs are never read,
     so the last layer computes only its K/V. Gradients flow back through the kept K/V into the blocks."""
+    # A packed prefix without its packing would attend across its samples: pack() sets state_rows, nothing else does.
+    assert (packing is None) == (prefix.state_rows is None), "a packed prefix needs its packing (and only it has one)"
     cache, _ = model.prefill(
         prefix.input_ids,
         prefix.attention_mask,
