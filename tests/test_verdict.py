@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import PASSING_ORACLES, PERF_PASS1, Cli, ledger_fingerprint, record_file, rung_record
+from conftest import PASSING_ORACLES, PERF_PASS1, Cli, ledger_fingerprint, record_file, rung_record, write
 
 P1_FAILS = "[oracles.P1a]\nloss_abs = 8.7e-3\ngrad_norm_rel = 4e-3\n[oracles.P2a]\nmissing = []\nviolations = []\n"
 P2_FAILS = "[oracles.P1a]\nloss_abs = 2e-4\ngrad_norm_rel = 3e-3\n[oracles.P2a]\nmissing = [\"vram_window_peak_gib\"]\nviolations = []\n"
@@ -247,3 +247,59 @@ def test_a_later_passing_result_of_a_failed_oracle_does_not_undrop_its_item(cli:
         ledger.append("oracle", "mini", {**first.data, "observed": {"loss_abs": 1e-4, "grad_norm_rel": 1e-3}, "passed": True, "reason": "re-run"})
     dropped = cli.ok_json("verdict", "mini")["dropped"]
     assert set(dropped) == {"P1"} and dropped["P1"]["observed"]["loss_abs"] == 8.7e-3
+
+
+PAIRED = """
+id = "paired"
+title = "a paired loss read over rungs with unequal window counts"
+question = "does a learning-rate change move the loss?"
+workload = "molmo2"
+profile = "cpu-tiny"
+
+[cost]
+ceiling_gpu_h = 0.5
+on_ceiling = "stop"
+
+[protocol]
+kind = "compare"
+steps = 50
+log_every = 10
+discard_first = 10
+config = { batch = 4, backward_chunks = 2 }
+
+  [[protocol.rungs]]
+  id = "A"
+  [[protocol.rungs]]
+  id = "B"
+  config = { lr = 2e-4 }
+
+[reads]
+loss_gap = "abs(B.loss - A.loss) / A.loss"
+
+[[rules]]
+id = "R"
+when = "loss_gap <= 0.02"
+outcome = "same"
+"""
+
+
+def test_a_paired_interval_pairs_the_windows_every_rung_has(cli: Cli, tmp_path: Path) -> None:
+    """Rung A has a fourth read window that B lacks (a recorded rung). The loss is paired (the k-th windows saw
+    the same samples), so the bootstrap draws window indices over the three both have: B's loss is 1.01 x A's in
+    each, so every draw reads 0.01 and A's unpaired window (100.0) never enters the interval. The point value
+    summarises each rung over its own windows (A's median includes it), so here it falls outside the interval:
+    the interval says what the paired windows support, the point what each rung measured."""
+    cli.ok("freeze", write(tmp_path, "paired.toml", PAIRED))
+
+    def windows(rung: str, losses: list[float]) -> str:
+        return "".join(f"[[rungs.{rung}.windows]]\nstep = {10 * (k + 1)}\ns_per_step = 1.0\nloss = {loss!r}\nvram_peak_gib = 10.0\n"
+                       for k, loss in enumerate(losses))  # fmt: skip
+
+    a = [9.0, 4.0, 3.0, 2.0, 100.0]  # step 10 is warm-up
+    b = [9.09, 4.04, 3.03, 2.02]
+    cli.ok("record", "paired", record_file(tmp_path, "r.toml", '[rungs.A]\nitems = []\nstatus = "finished"\n' + windows("A", a),
+                                           '[rungs.B]\nitems = []\nstatus = "finished"\n' + windows("B", b)))  # fmt: skip
+    verdict = cli.ok_json("verdict", "paired")
+    assert verdict["reads"]["loss_gap"] == pytest.approx(abs(3.03 - 3.5) / 3.5)  # medians over each rung's own windows
+    low, high = verdict["intervals"]["loss_gap"]
+    assert low == pytest.approx(0.01) and high == pytest.approx(0.01)
