@@ -56,6 +56,13 @@ class SuffixInputs:
 IGNORE_INDEX = -100
 
 
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """RoPE positions counting real tokens only, so a left-padded row sees the positions of its unpadded self
+    (what transformers' generate feeds: cumsum - 1; pads get 0). RoPE is relative, so this equals the hub's plain
+    arange up to rounding — and makes the result independent of how much padding a batch happens to need."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 @dataclass(frozen=True)
 class ARBatch:
     prefix: PrefixInputs

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
+from engine.molmo2.batch import positions_from_mask
 from engine.molmo2.config import Molmo2Config
 from engine.molmo2.execution import EAGER, Execution
 from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
@@ -24,13 +25,6 @@ from engine.molmo2.vision import VisionBackbone
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
 # projection (seeds 003/004). A hub checkpoint lacks them by design; our AR checkpoints carry them.
 AR_EXTRA_KEYS = ("model.transformer.wte.fast_embed", "fast_head.weight", "state_proj.weight", "state_proj.bias")
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """RoPE positions counting real tokens only, so a left-padded row sees the positions of its unpadded self
-    (what transformers' generate feeds: cumsum - 1; pads get 0). RoPE is relative, so this equals the hub's plain
-    arange up to rounding — and makes the result independent of how much padding a batch happens to need."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def prefix_attention_mask(attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch
+from engine.molmo2.batch import IGNORE_INDEX, ARBatch, positions_from_mask
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,8 @@ def _flatten(values: torch.Tensor, real: torch.Tensor, length: int, fill: int | 
 
 def _documents(real: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(doc, position within the doc) of each packed token of a [B, L] real-token mask."""
-    counts = real.sum(1)
     doc = _flatten(torch.arange(real.shape[0])[:, None].expand_as(real).contiguous(), real, length, -1)
-    within = _flatten((real.long().cumsum(1) - 1).clamp(min=0), real, length, 0)
-    assert int(counts.sum()) <= length
-    return doc, within
+    return doc, _flatten(positions_from_mask(real), real, length, 0)
 
 
 def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
@@ -76,7 +73,7 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
     suffix_pos = torch.where(suffix_doc >= 0, suffix_pos + lengths[suffix_doc.clamp(min=0)], 0)
     # The state slot of sample b: its column among b's real tokens, after the samples before it.
     offsets = torch.cumsum(lengths, 0) - lengths
-    state_within = (p_real.long().cumsum(1) - 1).gather(1, p.state_positions[:, None])[:, 0]
+    state_within = positions_from_mask(p_real).gather(1, p.state_positions[:, None])[:, 0]
     assert bool(p_real.gather(1, p.state_positions[:, None]).all()), "a state slot on padding"
     pad_id = 0  # the tail padding: any id but <im_patch>; a tail token attends only to itself and nothing reads it
     prefix = replace(
