@@ -427,15 +427,16 @@ def test_cuda_p1_runs_cudnn_in_training_only(cuda_setup):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _vit_precisions(model, batch: ARBatch, monkeypatch) -> list:
-    """The precision override each ViT attention call receives (None: the config's fp32)."""
+def _vit_precisions(model, batch: ARBatch, monkeypatch, pooling: bool = False) -> list:
+    """The precision override each ViT attention call receives (None: the config's fp32); with `pooling`, each
+    pooling attention call's instead (the pooling passes its mask, the ViT blocks' self-attention none)."""
     from engine.molmo2.vision import DotProductAttention
 
     seen = []
     real = DotProductAttention.forward
 
     def spy(self, x_q, x_kv=None, mask=None, precision=None):
-        if mask is None:  # the ViT blocks' self-attention (the pooling passes its mask)
+        if (mask is not None) == pooling:
             seen.append(precision)
         return real(self, x_q, x_kv, mask, precision)
 
@@ -528,27 +529,10 @@ def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _pool_precisions(model, batch: ARBatch, monkeypatch) -> list:
-    """The precision override each pooling attention call receives (the ViT blocks pass no mask)."""
-    from engine.molmo2.vision import DotProductAttention
-
-    seen = []
-    real = DotProductAttention.forward
-
-    def spy(self, x_q, x_kv=None, mask=None, precision=None):
-        if mask is not None:
-            seen.append(precision)
-        return real(self, x_q, x_kv, mask, precision)
-
-    monkeypatch.setattr(DotProductAttention, "forward", spy)
-    encode_prefix(model, batch.prefix)
-    return seen
-
-
 def test_x3_reaches_the_pooling_in_training_only(batch, monkeypatch):
     model = tiny_model(switches=Switches(pool_fp32_math=True)).train()
-    assert set(_pool_precisions(model, batch, monkeypatch)) == {"fp32-math"}
-    assert set(_pool_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's SDPA
+    assert set(_vit_precisions(model, batch, monkeypatch, pooling=True)) == {"fp32-math"}
+    assert set(_vit_precisions(model.eval(), batch, monkeypatch, pooling=True)) == {None}  # eval and decode: the hub's SDPA
 
 
 def test_x3_is_sdpa_to_fp32_rounding():
