@@ -555,3 +555,24 @@ def test_x3_trains_like_head_to_fp32_rounding(batch):
     torch.testing.assert_close(other_logits, logits, rtol=0, atol=1e-5 * float(logits.abs().max()))
     for name in grads:
         torch.testing.assert_close(other_grads[name], grads[name], rtol=0, atol=1e-5 * float(grads[name].abs().max()) + 1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_x3_features_match_the_fp32_sdpa_pooling(cuda_setup):
+    """Under bf16 autocast, eager and compiled: X3's image features against the hub's fp32 SDPA pooling, within
+    one bf16 step of the largest (the pooling runs in fp32 either way; the features leave it through bf16)."""
+    from engine.molmo2.execution import Execution
+
+    model, batch = cuda_setup
+    p = batch.prefix
+    for execution in (Execution(), Execution(compile=True)):
+        model.set_execution(execution)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model.switches = HEAD
+            sdpa = model.image_features(p.pixel_values, p.image_token_pooling).float()
+            model.switches = Switches(pool_fp32_math=True)
+            math = model.image_features(p.pixel_values, p.image_token_pooling).float()
+        model.switches = HEAD
+        assert float((math - sdpa).abs().max()) <= 2**-8 * float(sdpa.abs().max()), execution
+    model.set_execution(Execution())
