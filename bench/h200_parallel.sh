@@ -33,7 +33,7 @@ run_task() {  # one task on the GPU this lane was given
             --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
             ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
     flexbench) python3 bench/flex_configs.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
-    gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py ;;
+    gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py tests/test_molmo2_packing.py ;;
     *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], flexbench, gputests[=K]"; return 2 ;;
   esac
   local status=$?
