@@ -32,13 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 from bench.flex_configs import attention_flops, timed  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.model import continuation_block_mask, continuation_mask, prefix_attention_mask, prefix_block_mask  # noqa: E402
 from engine.molmo2.packing import (  # noqa: E402
     Packing,
+    block_mask_from_pairs,
     packed_prefix_block_mask,
     packed_prefix_mask,
     packed_suffix_block_mask,
@@ -86,7 +87,7 @@ def bounds_prefix_block_mask(packing: Packing, image_ids: torch.Tensor):
     def allowed(b, h, q, kv):
         return (kv >= start[q]) & ((kv <= q) | (image[q] & image[kv] & (kv < end[q])))
 
-    return torch.compile(create_block_mask)(allowed, 1, None, doc.shape[0], doc.shape[0], device=doc.device)
+    return block_mask_from_pairs(packed_prefix_mask(packing, image_ids)[0, 0], allowed)
 
 
 def bounds_suffix_block_mask(packing: Packing):
@@ -108,7 +109,7 @@ def bounds_suffix_block_mask(packing: Packing):
     def allowed(b, h, q, kv):
         return ((kv >= q_p_start[q]) & (kv < q_p_end[q])) | ((kv >= s_start[q]) & (kv <= q + Np))
 
-    return torch.compile(create_block_mask)(allowed, 1, None, Ns, Np + Ns, device=s_doc.device)
+    return block_mask_from_pairs(packed_suffix_mask(packing)[0, 0], allowed)
 
 
 def variants(padded, packed):

@@ -13,9 +13,20 @@ from molmo2_fixtures import make_batch, tiny_config
 from test_molmo2_execution import FORWARD_ATOL, GRAD_RTOL, MORE_ROWS, _max_logit_diff, _step_losses, _train_step, _worst_grad
 
 from engine.molmo2.batch import IGNORE_INDEX
+from engine.molmo2.declaration import PROFILES
 from engine.molmo2.execution import Execution
 from engine.molmo2.model import positions_from_mask
-from engine.molmo2.packing import pack, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from engine.molmo2.packing import (
+    block_mask_from_pairs,
+    pack,
+    packed_prefix_block_mask,
+    packed_prefix_mask,
+    packed_suffix_block_mask,
+    packed_suffix_mask,
+)
+from engine.molmo2.workload import Molmo2Runner
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +100,54 @@ def test_the_packed_block_masks_are_the_dense_rules(padded):
         assert bool(dense[0, 0].any(-1).all())  # no query without a key
 
 
+@pytest.mark.parametrize("multiple", [(1, 1), (16, 16)])
+def test_block_masks_from_pairs_are_what_create_block_mask_builds(padded, multiple):
+    """At 8-token blocks, so the tiny chunk has many, ragged last ones included: the same partial and full blocks
+    as create_block_mask evaluating the rule pair by pair, and flex_attention on it computes SDPA's on the dense
+    mask (the CPU has FlexAttention's forward)."""
+    packed = pack(padded, multiple=multiple)
+    k, types = packed.packing, packed.prefix.mm_token_type_ids
+    kinds = torch.zeros(2, dtype=torch.long)  # partial and full blocks seen over both masks
+    for dense, rule in ((packed_prefix_mask(k, types), packed_prefix_block_mask(k, types).mask_mod),
+                        (packed_suffix_mask(k), packed_suffix_block_mask(k).mask_mod)):  # fmt: skip
+        Q, KV = dense.shape[-2:]
+        ours = block_mask_from_pairs(dense[0, 0], rule, block=8)
+        theirs = create_block_mask(rule, 1, None, Q, KV, device="cpu", BLOCK_SIZE=8)
+        assert torch.equal(ours.to_dense(), theirs.to_dense())
+        for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+            assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+        kinds += torch.stack([ours.kv_num_blocks.sum(), ours.full_kv_num_blocks.sum()])
+        g = torch.Generator().manual_seed(0)
+        q, key, v = (torch.randn(1, 4, n, 8, generator=g) for n in (Q, KV, KV))
+        expected = torch.nn.functional.scaled_dot_product_attention(q, key, v, attn_mask=dense)
+        torch.testing.assert_close(flex_attention(q, key, v, block_mask=ours), expected, atol=1e-5, rtol=1e-5)
+    assert bool((kinds > 0).all()), f"partial and full blocks both exercised: {kinds.tolist()}"
+
+
 def test_packed_steps_train_like_heads_six_chunks():
     """The runner with `pack = true`, one chunk a step, follows HEAD's six padded chunks over six steps."""
     head = _step_losses(6, backward_chunks=6)
     packed = _step_losses(6, backward_chunks=1, pack=True)
     assert max(abs(a - b) / a for a, b in zip(head, packed)) <= 1e-5
+
+
+def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
+    """pack_multiple = 128 (FlexAttention's tile): every packed row a whole number of tiles, the same losses as
+    the default rows to fp32 rounding (the tail tokens attend to themselves and nothing reads them)."""
+    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "pack": True, "pack_multiple": 128}, seed=0)
+    runner.load_data()
+    for step in runner.pool:
+        for chunk in step.chunks:
+            assert chunk.prefix.input_ids.shape[1] % 128 == 0 and chunk.suffix.input_ids.shape[1] % 128 == 0
+    default = _step_losses(3, backward_chunks=1, pack=True)
+    rounded = _step_losses(3, backward_chunks=1, pack=True, pack_multiple=128)
+    assert max(abs(a - b) / a for a, b in zip(default, rounded)) <= 1e-5
+
+
+@pytest.mark.parametrize("config", [{"pack_multiple": 128}, {"pack": True, "pack_multiple": 0}])
+def test_pack_multiple_is_refused_without_pack_or_below_one(config):
+    with pytest.raises(ValueError, match="pack_multiple"):
+        Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, **config}, seed=0)
 
 
 @pytest.mark.gpu

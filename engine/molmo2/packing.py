@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torch.nn.attention.flex_attention import BlockMask
 
 from engine.molmo2.batch import IGNORE_INDEX, ARBatch, positions_from_mask
 
@@ -96,19 +96,28 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
 
 # ---- masks: the padded rules within each document ----
 
-_compiled_create_block_mask = None  # built on first use: torch.compile imports Dynamo
+def block_mask_from_pairs(pairs: torch.Tensor, mask_mod, block: int = 128) -> BlockMask:
+    """The BlockMask create_block_mask(mask_mod) builds, from the rule's [Q, KV] bool pairs: the blocks with every
+    pair allowed are full, those with some are partial (mask_mod decides within them), the rest are skipped.
 
+    create_block_mask would evaluate mask_mod on every pair, with int64 intermediates of Q x KV (a 10.5k-token
+    packed prefix: 110M pairs, ~1 GB each) eagerly, or through torch.compile, which on a cold H200 took 45 s for
+    the packed suffix's mask and more than 88 s for the prefix's (bench/results/packed_attention_s6), once per new
+    packed length. The bool pairs cost ~110 MB each and no compilation. The tail of a row not a multiple of
+    `block` counts as disallowed, as in create_block_mask, so a ragged block is never full."""
+    Q, KV = pairs.shape
+    padded = torch.nn.functional.pad(pairs, (0, -KV % block, 0, -Q % block))
+    allowed = padded.view(padded.shape[0] // block, block, padded.shape[1] // block, block).sum((1, 3))
+    full = allowed == block * block
+    partial = (allowed > 0) & ~full
 
-def _block_mask(allowed, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
-    """create_block_mask, through torch.compile on CUDA: eagerly it evaluates the rule on every (query, key) pair
-    at once, int64 intermediates of Q x KV (a 12k-token packed prefix: 144M pairs, 1.7 GB and 2 s on two CPU
-    cores); compiled, block by block. The CPU tests build their small masks eagerly."""
-    global _compiled_create_block_mask
-    if device.type != "cuda":
-        return create_block_mask(allowed, 1, None, q_len, kv_len, device=device)
-    if _compiled_create_block_mask is None:
-        _compiled_create_block_mask = torch.compile(create_block_mask)
-    return _compiled_create_block_mask(allowed, 1, None, q_len, kv_len, device=device)
+    def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # per query block: how many key blocks, and their indices first, ascending (create_block_mask's order)
+        count = blocks.sum(-1).to(torch.int32)
+        indices = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
+        return count[None, None].contiguous(), indices[None, None].contiguous()
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(Q, KV))
 
 
 def packed_prefix_mask(packing: Packing, mm_token_type_ids: torch.Tensor) -> torch.Tensor:
@@ -125,13 +134,12 @@ def packed_prefix_mask(packing: Packing, mm_token_type_ids: torch.Tensor) -> tor
 def packed_prefix_block_mask(packing: Packing, mm_token_type_ids: torch.Tensor) -> BlockMask:
     doc = packing.prefix_doc[0]
     image = mm_token_type_ids[0] == 1
-    N = doc.shape[0]
 
     def allowed(b, h, q, kv):
         same = (doc[q] == doc[kv]) & ((q >= kv) | (image[q] & image[kv])) & (doc[kv] >= 0)
         return same | (q == kv)
 
-    return _block_mask(allowed, N, N, doc.device)
+    return block_mask_from_pairs(packed_prefix_mask(packing, mm_token_type_ids)[0, 0], allowed)
 
 
 def packed_suffix_mask(packing: Packing) -> torch.Tensor:
@@ -148,7 +156,7 @@ def packed_suffix_mask(packing: Packing) -> torch.Tensor:
 
 def packed_suffix_block_mask(packing: Packing) -> BlockMask:
     p_doc, s_doc = packing.prefix_doc[0], packing.suffix_doc[0]
-    Np, Ns = p_doc.shape[0], s_doc.shape[0]
+    Np = p_doc.shape[0]
 
     def allowed(b, h, q, kv):
         in_prefix = kv < Np
@@ -156,4 +164,4 @@ def packed_suffix_block_mask(packing: Packing) -> BlockMask:
         same = (k_doc == s_doc[q]) & (k_doc >= 0) & (in_prefix | (kv - Np <= q))
         return same | (kv - Np == q)
 
-    return _block_mask(allowed, Ns, Np + Ns, s_doc.device)
+    return block_mask_from_pairs(packed_suffix_mask(packing)[0, 0], allowed)

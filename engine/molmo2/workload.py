@@ -104,6 +104,13 @@ class Molmo2Runner:
         # pack: each chunk's samples end to end in one row (packing.py): no compute on padding, so no reason to cut
         # a step by camera count; HEAD's steps and HEAD's function.
         self.pack = bool(config.get("pack", False))
+        # pack_multiple: the packed rows' length multiple. 16 keeps few shapes to compile, as for padded rows; 128
+        # is FlexAttention's tile, so its kernels skip the bounds checks of a ragged last tile (IS_DIVISIBLE), for
+        # at most 127 tail tokens a row (~1% of a 4B step's). The default is the padded rows' multiple.
+        self.pack_multiple = config.get("pack_multiple")
+        if self.pack_multiple is not None and (not self.pack or int(self.pack_multiple) < 1):
+            raise ValueError(f"pack_multiple = {self.pack_multiple!r}: needs pack = true and a positive length multiple "
+                             f"(e.g. 16 or 128); remove it to keep the default")
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
                                    suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
                                    dynamic=config.get("compile_dynamic", False))  # fmt: skip
@@ -181,6 +188,8 @@ class Molmo2Runner:
         chunks = [self.collator(group[k: k + size]) for group in groups for k in range(0, len(group), size)]
         if self.pack:
             multiple = COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
+            if self.pack_multiple is not None:
+                multiple = (int(self.pack_multiple), int(self.pack_multiple))
             chunks = [pack(chunk, multiple) for chunk in chunks]
         return prepare_step(chunks, self.device)
 
