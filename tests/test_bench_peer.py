@@ -85,3 +85,39 @@ def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_pe
     assert "backward on CPU" in rows["default"]["error"]
     for peer in ("sdpa-dense-mask", "sdpa-causal-flash"):
         assert rows[peer]["error"] is None and rows[peer]["fwd_bwd_tflops"] > 0
+
+
+def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
+    """bench/packed_attention.py times several formulations of the packed masks; each must allow exactly the
+    pairs of packing.py's dense rules (the pool of the tiny geometry, at the default and 128-token row lengths),
+    or its row times another attention. A CPU run writes every row, with FlexAttention's missing backward as the
+    flex rows' reason."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from packed_attention import pad_packing, steps, variants
+
+    from engine.molmo2.packing import packed_prefix_mask, packed_suffix_mask
+
+    packed, _ = steps("cpu-tiny", pack=True)
+    padded, _ = steps("cpu-tiny", pack=False)
+    for chunk, padded_chunk in zip(packed, padded):
+        rows = variants(padded_chunk, chunk)
+        for name, (batch, q_len, kv_len, block_mask, dense_mask) in rows.items():
+            block, dense = block_mask(), dense_mask()
+            assert dense.shape[-2:] == (q_len, kv_len) and dense.shape[0] == batch, name
+            rebuilt = create_mask(block.mask_mod, batch, None, q_len, kv_len, device="cpu")
+            assert torch.equal(rebuilt[:, 0], dense[:, 0]), name
+        packing, image = pad_packing(chunk.packing, chunk.prefix.mm_token_type_ids, 128)
+        assert packing.prefix_doc.shape[1] % 128 == 0 and packing.suffix_doc.shape[1] % 128 == 0
+        n = chunk.packing.prefix_doc.shape[1]  # the tail only adds pads that see themselves
+        assert torch.equal(packed_prefix_mask(packing, image)[..., :n, :n], packed_prefix_mask(chunk.packing, chunk.prefix.mm_token_type_ids))
+        assert packed_suffix_mask(packing).shape[-1] == packing.prefix_doc.shape[1] + packing.suffix_doc.shape[1]
+    command = [sys.executable, "bench/packed_attention.py", "--profile", "cpu-tiny", "--warmup", "1", "--repeats", "1",
+               "--only", "prefix packed,suffix packed-bounds-128", "--out", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "packed_attention_cpu-tiny.json").read_text())
+    assert {"device", "torch", "dtype", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(report["conditions"])
+    assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed-bounds-128"]
+    assert all("backward on CPU" in row["error"] for row in report["rows"])
