@@ -220,6 +220,10 @@ OURS = {
                       (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
     # ... its packed rows whole FlexAttention tiles (pack_multiple 128): no bounds checks in the attention kernels,
     # for at most 127 tail tokens a row
+    # ... attending on one row per sample, gathered from the packed row and back (pack_attention "rows"): the
+    # padded chunk's attention cost, the packed chunk's matmuls
+    "packed-rows-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
+                            "pack_attention": "rows"}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
     "packed-x2-x34-128": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
                            "pack_multiple": 128}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
 }

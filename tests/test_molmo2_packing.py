@@ -59,12 +59,14 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
         pack(packed)
 
 
+@pytest.mark.parametrize("where", ["packed", "rows"])
 @pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
-def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple):
-    """Logits at every real suffix token, the loss and every gradient: packed against padded, both eager SDPA."""
+def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple, where):
+    """Logits at every real suffix token, the loss and every gradient: packed against padded, both eager SDPA,
+    the packed chunk attending on its packed row and on per-sample rows (pack_attention)."""
     reference = _train_step(padded, Execution())
     packed = pack(padded, multiple)
-    logits, loss, grads = _train_step(packed, Execution())
+    logits, loss, grads = _train_step(packed, Execution(pack_attention=where))
     real = padded.suffix.attention_mask.bool()
     n = int(real.sum())
     assert _max_logit_diff(reference[0][real], logits[0, :n]) <= FORWARD_ATOL
@@ -73,16 +75,17 @@ def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple):
     assert diff <= GRAD_RTOL, name
 
 
-def test_no_token_attends_across_samples(padded):
+@pytest.mark.parametrize("where", ["packed", "rows"])
+def test_no_token_attends_across_samples(padded, where):
     """The sharpest check of the masks: change one sample's tokens and no other sample's logits move."""
     packed = pack(padded)
-    base = _train_step(packed, Execution(), grad=False)[0]
+    base = _train_step(packed, Execution(pack_attention=where), grad=False)[0]
     ids = packed.prefix.input_ids.clone()
     first = packed.packing.prefix_doc[0] == 0
     ids[0, first & (packed.prefix.mm_token_type_ids[0] == 0)] = 7  # sample 0's text, not its image tokens
     from dataclasses import replace
 
-    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(), grad=False)[0]
+    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(pack_attention=where), grad=False)[0]
     own = packed.packing.suffix_doc[0] == 0
     assert _max_logit_diff(base[0, ~own], changed[0, ~own]) == 0.0
     assert _max_logit_diff(base[0, own], changed[0, own]) > 1e-3
@@ -124,11 +127,32 @@ def test_block_masks_from_pairs_are_what_create_block_mask_builds(padded, multip
     assert bool((kinds > 0).all()), f"partial and full blocks both exercised: {kinds.tolist()}"
 
 
-def test_packed_steps_train_like_heads_six_chunks():
+@pytest.mark.parametrize("where", ["packed", "rows"])
+def test_packed_steps_train_like_heads_six_chunks(where):
     """The runner with `pack = true`, one chunk a step, follows HEAD's six padded chunks over six steps."""
     head = _step_losses(6, backward_chunks=6)
-    packed = _step_losses(6, backward_chunks=1, pack=True)
+    packed = _step_losses(6, backward_chunks=1, pack=True, pack_attention=where)
     assert max(abs(a - b) / a for a, b in zip(head, packed)) <= 1e-5
+
+
+def test_rows_gather_each_samples_tokens_and_back():
+    """packing.Rows: the packed row's tokens gathered into the padded layout are the padded chunk's at every real
+    slot, and gathered back they are the packed row again (prefix, suffix, and the suffix rows' keys)."""
+    padded_chunk = make_batch(tiny_config(), MORE_ROWS, seed=13)
+    packed = pack(padded_chunk, (16, 16))
+    rows = packed.packing.rows
+    for packed_ids, padded_ids, index, back, real in (
+        (packed.prefix.input_ids[0], padded_chunk.prefix.input_ids, rows.prefix_index, rows.prefix_back, rows.prefix_mask),
+        (packed.suffix.input_ids[0], padded_chunk.suffix.input_ids, rows.suffix_index, rows.suffix_back, rows.suffix_mask),
+    ):
+        gathered = packed_ids[index]
+        assert torch.equal(gathered[real], padded_ids[real])
+        n = int(real.sum())
+        assert torch.equal(gathered.flatten()[back][:n], packed_ids[:n])
+    keys = torch.cat([packed.prefix.input_ids[0], packed.suffix.input_ids[0]])[rows.suffix_keys]
+    real_keys = torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1)
+    assert torch.equal(keys[real_keys], torch.cat([padded_chunk.prefix.input_ids, padded_chunk.suffix.input_ids], 1)[real_keys])
+    assert torch.equal(packed.packing.to("cpu").rows.suffix_keys, rows.suffix_keys)
 
 
 def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
@@ -144,17 +168,20 @@ def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
     assert max(abs(a - b) / a for a, b in zip(default, rounded)) <= 1e-5
 
 
-@pytest.mark.parametrize("config", [{"pack_multiple": 128}, {"pack": True, "pack_multiple": 0}])
-def test_pack_multiple_is_refused_without_pack_or_below_one(config):
-    with pytest.raises(ValueError, match="pack_multiple"):
+@pytest.mark.parametrize("config", [{"pack_multiple": 128}, {"pack": True, "pack_multiple": 0}, {"pack_attention": "rows"},
+                                    {"pack": True, "pack_attention": "padded"}])
+def test_pack_options_are_refused_without_pack_or_out_of_range(config):
+    key = next(k for k in config if k != "pack")
+    with pytest.raises(ValueError, match=key):
         Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, **config}, seed=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("execution", [Execution(prefix_attention="flex", suffix_attention="flex"),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True)],
-                         ids=["flex", "flex+compile"])  # fmt: skip
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True),
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_attention="rows")],
+                         ids=["flex", "flex+compile", "flex+compile+rows"])  # fmt: skip
 def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

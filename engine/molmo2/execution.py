@@ -18,6 +18,11 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
   residual adds fuse. Shapes are specialised (each new one compiles once, 10-30 s at 4B on an H200), so compiled
   runs pad to multiples of 16 (engine/molmo2/workload.py).
+- pack_attention (with pack, packing.py): where a packed chunk attends. "packed" (the default): on the packed row,
+  under block masks that keep each sample to itself. "rows": on one row per sample, gathered from the packed row
+  and back, under the padded chunk's own masks; the matmuls stay packed. Measured on the H200, the packed row's
+  FlexAttention cost 42 ms a step more than the padded chunk's on the same samples (profile_packed-x2-x34): its
+  query blocks straddle samples, the suffix's most. The same function either way (tests/test_molmo2_packing.py).
 - compile_dynamic (with compile): Dynamo's automatic dynamic shapes instead of specialised ones: the first shape
   compiles static, the first new size recompiles once with that size symbolic, and later sizes reuse that graph.
   For pools of many shapes (chunk_by_cameras: two chunks of varying batch per step), where specialising costs a
@@ -29,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("sdpa", "flex")  # for the prefix and for the suffix alike
+PACK_ATTENTION = ("packed", "rows")  # where a packed chunk attends
 
 
 @dataclass(frozen=True)
@@ -37,11 +43,14 @@ class Execution:
     suffix_attention: str = "sdpa"
     compile: bool = False
     dynamic: bool = False  # config key compile_dynamic
+    pack_attention: str = "packed"
 
     def __post_init__(self) -> None:
         for name in ("prefix_attention", "suffix_attention"):
             if getattr(self, name) not in ATTENTION_KERNELS:
                 raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: {list(ATTENTION_KERNELS)}")
+        if self.pack_attention not in PACK_ATTENTION:
+            raise ValueError(f"pack_attention = {self.pack_attention!r}; allowed: {list(PACK_ATTENTION)}")
         for name in ("compile", "dynamic"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")

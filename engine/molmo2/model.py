@@ -19,7 +19,7 @@ from engine.molmo2.config import Molmo2Config
 from engine.molmo2.execution import EAGER, Execution
 from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
 from engine.molmo2.switches import HEAD, Switches
-from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, TextModel, backends_context
+from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, SampleRows, TextModel, backends_context
 from engine.molmo2.vision import VisionBackbone
 
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
@@ -286,7 +286,11 @@ class Molmo2Model(nn.Module):
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
                                   state=state, state_positions=state_positions, state_rows=state_rows)  # fmt: skip
         flex = self.execution.prefix_attention == "flex"
-        if packing is not None:
+        if packing is not None and self.execution.pack_attention == "rows":
+            positions, rows = packing.prefix_pos, packing.rows
+            inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
+            mask = SampleRows(rows.prefix_index, rows.prefix_index, rows.prefix_back, inner)
+        elif packing is not None:
             positions = packing.prefix_pos
             mask = (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
         else:
@@ -307,7 +311,11 @@ class Molmo2Model(nn.Module):
         With `packing`, the packed suffix row after the packed prefix that filled `cache`."""
         x = self.embed(input_ids)
         flex = self.training and self.execution.suffix_attention == "flex"
-        if packing is not None:
+        if packing is not None and self.execution.pack_attention == "rows":
+            positions, rows = packing.suffix_pos, packing.rows
+            inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)
+            mask = SampleRows(rows.suffix_index, rows.suffix_keys, rows.suffix_back, inner)
+        elif packing is not None:
             positions = packing.suffix_pos
             mask = packed_suffix_block_mask(packing) if flex else packed_suffix_mask(packing)
         else:

@@ -30,14 +30,36 @@ from engine.molmo2.batch import IGNORE_INDEX, ARBatch, positions_from_mask
 
 
 @dataclass(frozen=True)
+class Rows:
+    """The padded chunk's layout of a packed chunk, kept for attention on per-sample rows (run config
+    pack_attention = "rows"): the matmuls run on the packed row, the attention on one row per sample, gathered from
+    the packed row and gathered back, under the padded chunk's own masks. Pads name position 0: their queries'
+    outputs are never gathered back, and real queries never see their keys, so what they read does not matter."""
+
+    prefix_index: torch.Tensor  # [B, Lp] long: the packed prefix position of each padded prefix slot
+    prefix_back: torch.Tensor  # [Np] long: each packed prefix token's slot in the flattened [B * Lp] rows
+    prefix_mask: torch.Tensor  # [B, Lp] bool: the padded chunk's prefix attention_mask
+    prefix_types: torch.Tensor  # [B, Lp] long: its mm_token_type_ids
+    suffix_index: torch.Tensor  # [B, Ls] long: the packed suffix position of each padded suffix slot
+    suffix_keys: torch.Tensor  # [B, Lp + Ls] long: the keys of a suffix row: its prefix, then its suffix (at Np + j)
+    suffix_back: torch.Tensor  # [Ns] long
+    suffix_mask: torch.Tensor  # [B, Ls] bool
+
+    def to(self, device: torch.device | str) -> "Rows":
+        return Rows(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class Packing:
     prefix_doc: torch.Tensor  # [1, Np] long: the sample of each prefix token, -1 on the tail padding
     prefix_pos: torch.Tensor  # [1, Np] long: its RoPE position within its sample
     suffix_doc: torch.Tensor  # [1, Ns] long
     suffix_pos: torch.Tensor  # [1, Ns] long
+    rows: Rows | None = None  # the padded layout, for pack_attention = "rows"; pack() always sets it
 
     def to(self, device: torch.device | str) -> "Packing":
-        return Packing(*(t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos)))
+        moved = (t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos))
+        return Packing(*moved, rows=None if self.rows is None else self.rows.to(device))
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -56,6 +78,16 @@ def _documents(real: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Ten
     """(doc, position within the doc) of each packed token of a [B, L] real-token mask."""
     doc = _flatten(torch.arange(real.shape[0])[:, None].expand_as(real).contiguous(), real, length, -1)
     return doc, _flatten(positions_from_mask(real), real, length, 0)
+
+
+def _slots(real: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a [B, L] real-token mask packed into a row of `length`: each slot's packed position (pads: 0) and each
+    packed position's slot in the flattened [B * L] (the tail: slot 0)."""
+    flat = real.flatten()
+    index = torch.where(real, (torch.cumsum(flat, 0) - 1).view_as(real), 0)
+    back = torch.zeros(length, dtype=torch.long)
+    back[: int(flat.sum())] = torch.nonzero(flat)[:, 0]
+    return index, back
 
 
 def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
@@ -91,7 +123,12 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
         labels=_flatten(s.labels, s_real, Ns, IGNORE_INDEX),
         action_mask=_flatten(s.action_mask, s_real, Ns, False),
     )
-    return replace(batch, prefix=prefix, suffix=suffix, packing=Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos))
+    prefix_index, prefix_back = _slots(p_real, Np)
+    suffix_index, suffix_back = _slots(s_real, Ns)
+    rows = Rows(prefix_index, prefix_back, p_real, p.mm_token_type_ids, suffix_index,
+                torch.cat([prefix_index, Np + suffix_index], dim=1), suffix_back, s_real)  # fmt: skip
+    packing = Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos, rows)
+    return replace(batch, prefix=prefix, suffix=suffix, packing=packing)
 
 
 # ---- masks: the padded rules within each document ----

@@ -5,6 +5,8 @@ dict IS the checkpoint layout; the FAST table (`wte.fast_embed`) is ours (seed 0
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,12 +55,30 @@ class Rope:
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-Mask = torch.Tensor | BlockMask | None
+@dataclass(frozen=True)
+class SampleRows:
+    """A packed row's attention computed on one row per sample (packing.Rows, pack_attention = "rows"): queries and
+    keys gathered from the packed row into the padded layout, attended under that layout's mask, the outputs
+    gathered back into the packed row."""
+
+    queries: torch.Tensor  # [B, Lq] long: the packed position of each row slot's query
+    keys: torch.Tensor  # [B, Lk] long: the packed position of each row slot's key
+    back: torch.Tensor  # [Nq] long: each packed query's slot in the flattened [B * Lq] rows
+    mask: torch.Tensor | BlockMask  # the padded layout's rule: a dense bool mask (SDPA) or a BlockMask (flex)
+
+
+Mask = torch.Tensor | BlockMask | SampleRows | None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> torch.Tensor:
     """GQA attention, scale 1/sqrt(head_dim). A dense bool mask goes to SDPA, whose backends the caller picks with
-    `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py)."""
+    `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py); SampleRows attends a packed row [1, h, N, d]
+    on per-sample rows under either."""
+    if isinstance(mask, SampleRows):
+        rows = lambda t, index: t[0][:, index].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [B, h, L, d]
+        out = attend(rows(q, mask.queries), rows(k, mask.keys), rows(v, mask.keys), mask.mask)
+        B, H, L, D = out.shape
+        return out.transpose(0, 1).reshape(H, B * L, D)[:, mask.back][None]
     if isinstance(mask, BlockMask):
         if q.device.type == "cuda":
             # The main Triton kernel, never the decoding one that AUTO picks for fewer than 128 queries with a
