@@ -224,6 +224,13 @@ OURS = {
     # padded chunk's attention cost, the packed chunk's matmuls
     "packed-rows-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
                             "pack_attention": "rows"}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    # ... the prefix and suffix rows joined through every block but the last (pack_one_pass): one matmul per weight
+    # a layer, one cast, no gradient accumulation; and with the attention on per-sample rows too
+    "packed-one-pass-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
+                                "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-rows-one-pass-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True,
+                                     "pack": True, "pack_attention": "rows", "pack_one_pass": True},
+                                    (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
     "packed-x2-x34-128": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
                            "pack_multiple": 128}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
 }

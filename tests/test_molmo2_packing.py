@@ -59,14 +59,19 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
         pack(packed)
 
 
-@pytest.mark.parametrize("where", ["packed", "rows"])
+HOW = {"packed": {}, "rows": {"pack_attention": "rows"}, "one-pass": {"pack_one_pass": True},
+       "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"}}  # how a packed chunk is computed
+
+
+@pytest.mark.parametrize("how", list(HOW))
 @pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
-def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple, where):
+def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple, how):
     """Logits at every real suffix token, the loss and every gradient: packed against padded, both eager SDPA,
-    the packed chunk attending on its packed row and on per-sample rows (pack_attention)."""
+    the packed chunk attending on its packed row or on per-sample rows (pack_attention), in two passes (prefix,
+    then suffix) or one (pack_one_pass)."""
     reference = _train_step(padded, Execution())
     packed = pack(padded, multiple)
-    logits, loss, grads = _train_step(packed, Execution(pack_attention=where))
+    logits, loss, grads = _train_step(packed, Execution(**HOW[how]))
     real = padded.suffix.attention_mask.bool()
     n = int(real.sum())
     assert _max_logit_diff(reference[0][real], logits[0, :n]) <= FORWARD_ATOL
@@ -75,17 +80,17 @@ def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple, where):
     assert diff <= GRAD_RTOL, name
 
 
-@pytest.mark.parametrize("where", ["packed", "rows"])
-def test_no_token_attends_across_samples(padded, where):
+@pytest.mark.parametrize("how", list(HOW))
+def test_no_token_attends_across_samples(padded, how):
     """The sharpest check of the masks: change one sample's tokens and no other sample's logits move."""
     packed = pack(padded)
-    base = _train_step(packed, Execution(pack_attention=where), grad=False)[0]
+    base = _train_step(packed, Execution(**HOW[how]), grad=False)[0]
     ids = packed.prefix.input_ids.clone()
     first = packed.packing.prefix_doc[0] == 0
     ids[0, first & (packed.prefix.mm_token_type_ids[0] == 0)] = 7  # sample 0's text, not its image tokens
     from dataclasses import replace
 
-    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(pack_attention=where), grad=False)[0]
+    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(**HOW[how]), grad=False)[0]
     own = packed.packing.suffix_doc[0] == 0
     assert _max_logit_diff(base[0, ~own], changed[0, ~own]) == 0.0
     assert _max_logit_diff(base[0, own], changed[0, own]) > 1e-3
@@ -127,11 +132,11 @@ def test_block_masks_from_pairs_are_what_create_block_mask_builds(padded, multip
     assert bool((kinds > 0).all()), f"partial and full blocks both exercised: {kinds.tolist()}"
 
 
-@pytest.mark.parametrize("where", ["packed", "rows"])
-def test_packed_steps_train_like_heads_six_chunks(where):
+@pytest.mark.parametrize("how", list(HOW))
+def test_packed_steps_train_like_heads_six_chunks(how):
     """The runner with `pack = true`, one chunk a step, follows HEAD's six padded chunks over six steps."""
     head = _step_losses(6, backward_chunks=6)
-    packed = _step_losses(6, backward_chunks=1, pack=True, pack_attention=where)
+    packed = _step_losses(6, backward_chunks=1, pack=True, **HOW[how])
     assert max(abs(a - b) / a for a, b in zip(head, packed)) <= 1e-5
 
 
@@ -169,7 +174,8 @@ def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
 
 
 @pytest.mark.parametrize("config", [{"pack_multiple": 128}, {"pack": True, "pack_multiple": 0}, {"pack_attention": "rows"},
-                                    {"pack": True, "pack_attention": "padded"}])
+                                    {"pack": True, "pack_attention": "padded"}, {"pack_one_pass": True},
+                                    {"pack": True, "pack_one_pass": "yes"}])
 def test_pack_options_are_refused_without_pack_or_out_of_range(config):
     key = next(k for k in config if k != "pack")
     with pytest.raises(ValueError, match=key):
@@ -180,8 +186,11 @@ def test_pack_options_are_refused_without_pack_or_out_of_range(config):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("execution", [Execution(prefix_attention="flex", suffix_attention="flex"),
                                        Execution(prefix_attention="flex", suffix_attention="flex", compile=True),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_attention="rows")],
-                         ids=["flex", "flex+compile", "flex+compile+rows"])  # fmt: skip
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_attention="rows"),
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=True),
+                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=True,
+                                                 pack_attention="rows")],
+                         ids=["flex", "flex+compile", "flex+compile+rows", "flex+compile+one-pass", "flex+compile+one-pass+rows"])  # fmt: skip
 def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -75,6 +75,11 @@ def forward_suffix(model: Molmo2Model, suffix: SuffixInputs, cache: KVCache, pac
 
 
 def ar_forward(model: Molmo2Model, batch: ARBatch) -> torch.Tensor:
+    if batch.packing is not None and model.execution.pack_one_pass:
+        # the suffix's backends (P1) reach its last block; the joined blocks run the prefix's (HEAD's) list
+        with backends_context(suffix_backends(model.training, model.switches)):
+            hidden = model.joined_suffix_hidden(batch.prefix, batch.suffix.input_ids, batch.packing)
+        return model.logits(hidden)
     return forward_suffix(model, batch.suffix, encode_prefix(model, batch.prefix, batch.packing), batch.packing)
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from engine.molmo2.batch import positions_from_mask
+from engine.molmo2.batch import PrefixInputs, positions_from_mask
 from engine.molmo2.config import Molmo2Config
 from engine.molmo2.execution import EAGER, Execution
 from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
@@ -285,17 +285,7 @@ class Molmo2Model(nn.Module):
         positions and attention keep to each sample; its cache serves `extend` with the same packing only."""
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
                                   state=state, state_positions=state_positions, state_rows=state_rows)  # fmt: skip
-        flex = self.execution.prefix_attention == "flex"
-        if packing is not None and self.execution.pack_attention == "rows":
-            positions, rows = packing.prefix_pos, packing.rows
-            inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
-            mask = SampleRows(rows.prefix_index, rows.prefix_index, rows.prefix_back, inner)
-        elif packing is not None:
-            positions = packing.prefix_pos
-            mask = (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
-        else:
-            positions = positions_from_mask(attention_mask)
-            mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
+        positions, mask = self._prefix_attention(attention_mask, mm_token_type_ids, packing)
         with backends_context(HEAD_BACKENDS):
             hidden, layers = self.decoder(x, positions, mask, last_layer_kv_only=not last_logits)
         cache = KVCache(tuple(layers), attention_mask.bool(), attention_mask.long().sum(-1))
@@ -310,19 +300,59 @@ class Molmo2Model(nn.Module):
         [B, T, hidden] and each layer's K/V of them. Attention backends are the caller's `backends_context`.
         With `packing`, the packed suffix row after the packed prefix that filled `cache`."""
         x = self.embed(input_ids)
-        flex = self.training and self.execution.suffix_attention == "flex"
-        if packing is not None and self.execution.pack_attention == "rows":
-            positions, rows = packing.suffix_pos, packing.rows
-            inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)
-            mask = SampleRows(rows.suffix_index, rows.suffix_keys, rows.suffix_back, inner)
-        elif packing is not None:
-            positions = packing.suffix_pos
-            mask = packed_suffix_block_mask(packing) if flex else packed_suffix_mask(packing)
-        else:
-            positions = cache.next_position[:, None] + positions_from_mask(attention_mask)
-            mask = (continuation_block_mask if flex else continuation_mask)(cache.key_mask, attention_mask)
+        positions, mask = self._suffix_attention(attention_mask, cache, packing)
         hidden, layers = self.decoder(x, positions, mask, past=cache)
         return self.transformer.ln_f(hidden), layers
+
+    def joined_suffix_hidden(self, prefix: PrefixInputs, suffix_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """A packed training chunk in one pass (pack_one_pass): the suffix's hidden states after ln_f [1, Ns,
+        hidden], what prefill then extend give, with the prefix row and the suffix row joined into one
+        (Packing.joined) through every block but the last. Each weight then serves one matmul a layer instead of
+        two (prefix, then suffix): one cast to bf16 and one gradient, none to accumulate. The last block stays
+        split as in prefill (the prefix's outputs are never read: only its K/V) and extend (the suffix on them)."""
+        x = torch.cat([self.embed_multimodal(prefix.input_ids, pixel_values=prefix.pixel_values,
+                                             image_token_pooling=prefix.image_token_pooling, state=prefix.state,
+                                             state_positions=prefix.state_positions, state_rows=prefix.state_rows),
+                       self.embed(suffix_ids)], dim=1)  # fmt: skip
+        joined, types = packing.joined(prefix.mm_token_type_ids)
+        positions, mask = self._prefix_attention(None, types, joined)
+        Np = packing.prefix_doc.shape[1]
+        blocks = self._blocks(extending=False)
+        rope = self.transformer.rope(positions)
+        with backends_context(HEAD_BACKENDS):
+            for block in blocks[:-1]:
+                x, _ = block(x, rope, mask)
+        last = len(blocks) - 1
+        past = self.transformer.blocks[last].keys_values(x[:, :Np], self.transformer.rope(packing.prefix_pos))
+        positions, mask = self._suffix_attention(None, None, packing)
+        x, _ = self._blocks(extending=True)[last](x[:, Np:], self.transformer.rope(positions), mask, past)
+        return self.transformer.ln_f(x)
+
+    def _prefix_attention(self, attention_mask: torch.Tensor | None, mm_token_type_ids: torch.Tensor,
+                          packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
+        """(RoPE positions, attention mask) of a prefix: padded, packed, or packed attending on per-sample rows."""
+        flex = self.execution.prefix_attention == "flex"
+        if packing is not None and self.execution.pack_attention == "rows":
+            rows = packing.rows
+            inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
+            return packing.prefix_pos, SampleRows(rows.prefix_index, rows.prefix_index, rows.prefix_back, inner)
+        if packing is not None:
+            return packing.prefix_pos, (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
+        mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
+        return positions_from_mask(attention_mask), mask
+
+    def _suffix_attention(self, attention_mask: torch.Tensor | None, cache: KVCache | None,
+                          packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
+        """(RoPE positions, attention mask) of a suffix after `cache`: padded, packed, or on per-sample rows."""
+        flex = self.training and self.execution.suffix_attention == "flex"
+        if packing is not None and self.execution.pack_attention == "rows":
+            rows = packing.rows
+            inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)
+            return packing.suffix_pos, SampleRows(rows.suffix_index, rows.suffix_keys, rows.suffix_back, inner)
+        if packing is not None:
+            return packing.suffix_pos, packed_suffix_block_mask(packing) if flex else packed_suffix_mask(packing)
+        mask = (continuation_block_mask if flex else continuation_mask)(cache.key_mask, attention_mask)
+        return cache.next_position[:, None] + positions_from_mask(attention_mask), mask
 
 
 @torch.no_grad()

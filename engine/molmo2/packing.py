@@ -61,6 +61,27 @@ class Packing:
         moved = (t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos))
         return Packing(*moved, rows=None if self.rows is None else self.rows.to(device))
 
+    def joined(self, mm_token_type_ids: torch.Tensor) -> tuple["Packing", torch.Tensor]:
+        """The prefix row and the suffix row as one row [prefix | suffix] (pack_one_pass), as this Packing's prefix
+        fields, and that row's mm_token_type_ids; the suffix fields stay the suffix's. Every suffix token comes
+        after its whole sample's prefix, so the prefix's rule on the joined row (within a sample, causal OR both
+        image, real keys) is both rules at once: a prefix token sees its sample's prefix (the suffix comes later
+        and has no image tokens), a suffix token its sample's prefix and, causally, its suffix. The rows join the
+        same way: each sample's prefix slots, then its suffix slots."""
+        rows = self.rows
+        B, Lp = rows.prefix_mask.shape
+        Ls = rows.suffix_mask.shape[1]
+        # a slot of the flattened [B * Lp] prefix rows or [B * Ls] suffix rows, as a slot of [B * (Lp + Ls)]
+        back = torch.cat([rows.prefix_back // Lp * (Lp + Ls) + rows.prefix_back % Lp,
+                          rows.suffix_back // Ls * (Lp + Ls) + Lp + rows.suffix_back % Ls])  # fmt: skip
+        types = torch.cat([mm_token_type_ids, torch.zeros_like(self.suffix_doc)], dim=1)
+        joined_rows = replace(rows, prefix_index=rows.suffix_keys, prefix_back=back,
+                              prefix_mask=torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1),
+                              prefix_types=torch.cat([rows.prefix_types, torch.zeros_like(rows.suffix_index)], dim=1))  # fmt: skip
+        packing = replace(self, prefix_doc=torch.cat([self.prefix_doc, self.suffix_doc], dim=1),
+                          prefix_pos=torch.cat([self.prefix_pos, self.suffix_pos], dim=1), rows=joined_rows)  # fmt: skip
+        return packing, types
+
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple

@@ -114,10 +114,12 @@ class Molmo2Runner:
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
                                    suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
                                    dynamic=config.get("compile_dynamic", False),
-                                   pack_attention=config.get("pack_attention", "packed"))  # fmt: skip
-        if "pack_attention" in config and not self.pack:
-            raise ValueError(f"pack_attention = {config['pack_attention']!r} needs pack = true: it says where a packed "
-                             f"chunk attends; remove it or set pack = true")
+                                   pack_attention=config.get("pack_attention", "packed"),
+                                   pack_one_pass=config.get("pack_one_pass", False))  # fmt: skip
+        for key in ("pack_attention", "pack_one_pass"):
+            if key in config and not self.pack:
+                raise ValueError(f"{key} = {config[key]!r} needs pack = true: it says how a packed chunk is computed; "
+                                 f"remove it or set pack = true")
         for key in ("prefix_attention", "suffix_attention"):
             if getattr(self.execution, key) == "flex" and self.device.type != "cuda":
                 raise ValueError(f"{key} = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
