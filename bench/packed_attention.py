@@ -11,8 +11,9 @@ it, on the pool's largest packed step (its real block structure; random q/k/v at
 - `packed-bounds`: the same rule by each token's document bounds (int32), one comparison cheaper per pair;
 - `*-128`: the row padded to a multiple of 128, so the kernels know every tile is whole (IS_DIVISIBLE).
 
-Each formulation's block mask allows exactly the pairs of packing.py's dense masks (checked on the CPU over the
-pool's four steps at h200-4b, at both lengths); this script times, it does not re-check.
+Each formulation's block mask allows exactly the pairs of packing.py's dense masks: a test checks it over the tiny
+pool at both lengths (tests/test_bench_peer.py), and it was checked by hand over the h200-4b pool; this script
+times, it does not re-check.
 
 Times are per attention call (one layer); the step has 36 such layers, forward and backward. FLOPs count the
 allowed (query, key) pairs: forward 4 x pairs x head_dim x heads, backward 10 x pairs x head_dim x heads.
@@ -67,16 +68,21 @@ def pad_packing(packing: Packing, image: torch.Tensor, multiple: int) -> tuple[P
                    grow(packing.suffix_pos, 0)), grow(image, 0)
 
 
+def document_spans(doc: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[count] first index and one-past-last index of each document in a packed row (-1: tail padding)."""
+    index = torch.arange(doc.shape[0], device=doc.device)
+    real = doc >= 0
+    first = torch.full((count,), doc.shape[0], device=doc.device).scatter_reduce(0, doc[real], index[real], "amin")
+    last = torch.zeros(count, dtype=torch.long, device=doc.device).scatter_reduce(0, doc[real], index[real], "amax")
+    return first, last + 1
+
+
 def document_bounds(doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N] int32 first index and one-past-last index of each token's document; a tail pad (-1) is its own."""
     index = torch.arange(doc.shape[0], device=doc.device)
-    real = doc >= 0
-    count = int(doc.max()) + 1
-    first = torch.full((count,), doc.shape[0], device=doc.device).scatter_reduce(0, doc[real], index[real], "amin")
-    last = torch.zeros(count, dtype=torch.long, device=doc.device).scatter_reduce(0, doc[real], index[real], "amax")
-    start = torch.where(real, first[doc.clamp(min=0)], index)
-    end = torch.where(real, last[doc.clamp(min=0)] + 1, index + 1)
-    return start.int(), end.int()
+    first, end = document_spans(doc, int(doc.max()) + 1)
+    real, own = doc >= 0, doc.clamp(min=0)
+    return torch.where(real, first[own], index).int(), torch.where(real, end[own], index + 1).int()
 
 
 def bounds_prefix_block_mask(packing: Packing, image_ids: torch.Tensor):
@@ -92,19 +98,14 @@ def bounds_prefix_block_mask(packing: Packing, image_ids: torch.Tensor):
 
 def bounds_suffix_block_mask(packing: Packing):
     p_doc, s_doc = packing.prefix_doc[0], packing.suffix_doc[0]
-    Np, Ns = p_doc.shape[0], s_doc.shape[0]
-    p_start, p_end = document_bounds(p_doc)
-    s_start, _ = document_bounds(s_doc)
-    real = s_doc >= 0
-    # A suffix token's prefix keys: its document's prefix span; a tail pad has none (an empty span at 0).
-    first_of_doc = torch.zeros(int(s_doc.max()) + 1, dtype=torch.int32, device=s_doc.device)
-    last_of_doc = torch.zeros_like(first_of_doc)
-    p_real = p_doc >= 0
-    first_of_doc = first_of_doc.scatter_reduce(0, p_doc[p_real], p_start[p_real], "amin", include_self=False)
-    last_of_doc = last_of_doc.scatter_reduce(0, p_doc[p_real], p_end[p_real], "amax", include_self=False)
-    q_p_start = torch.where(real, first_of_doc[s_doc.clamp(min=0)], 0).int()
-    q_p_end = torch.where(real, last_of_doc[s_doc.clamp(min=0)], 0).int()
-    s_start = (s_start + Np).int()
+    Np = p_doc.shape[0]
+    # a suffix token's keys: its document's prefix span, then its document's suffix up to itself; a tail pad sees
+    # no prefix (an empty span at 0) and only itself (its own document bounds)
+    p_first, p_end = document_spans(p_doc, int(s_doc.max()) + 1)
+    real, own = s_doc >= 0, s_doc.clamp(min=0)
+    q_p_start = torch.where(real, p_first[own], 0).int()
+    q_p_end = torch.where(real, p_end[own], 0).int()
+    s_start = (document_bounds(s_doc)[0] + Np).int()
 
     def allowed(b, h, q, kv):
         return ((kv >= q_p_start[q]) & (kv < q_p_end[q])) | ((kv >= s_start[q]) & (kv <= q + Np))
@@ -113,7 +114,7 @@ def bounds_suffix_block_mask(packing: Packing):
 
 
 def variants(padded, packed):
-    """name -> (what, q_len rows, kv rows, batch, block mask builder, dense mask builder) for the prefix and the suffix."""
+    """row name -> (batch, query length, key length, block mask builder, dense mask builder), prefix and suffix rows."""
     p, s = padded.prefix, padded.suffix
     rows = {
         "prefix padded": (p.input_ids.shape[0], p.input_ids.shape[1], p.input_ids.shape[1],
