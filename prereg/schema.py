@@ -225,6 +225,10 @@ def _check_config(where: str, config: dict[str, Any], workload: WorkloadDeclarat
             ok = True
         if not ok:
             raise ValueError(f"{where}: config {key} = {value!r} must be {getattr(expected, '__name__', expected)}")
+        allowed = workload.config_keys[key].allowed
+        if allowed and value not in allowed:
+            # refused here, not after a model load on a lent GPU
+            raise ValueError(f"{where}: config {key} = {value!r}; allowed: {list(allowed)}")
 
 
 def _compile(where: str, text: str, scope: Scope):

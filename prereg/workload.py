@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 SummaryKind = Literal["median", "max", "last", "sum"]
 
@@ -63,6 +63,7 @@ class ConfigKey:
     type: type | tuple[type, ...]
     description: str
     regroups_samples: bool = False  # a value that puts other samples together in a step (bucketing): unpaired rungs
+    allowed: tuple[Any, ...] = ()  # the values it takes, where they are a closed set; () for any value of its type
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ REGISTRATIONS = [
     ("unknown metric", broken("C.vram_peak_gib <=", "C.vram_gib <="), "reads.vram_clean", "no metric 'vram_gib'"),
     ("unknown profile", broken('profile = "cpu-tiny"', 'profile = "tpu-v5"'), "profile", "'tpu-v5' is not a profile"),
     ("unknown config key", broken("backward_chunks = 2", "backward_chunk = 2"), "protocol.config", "unknown config key 'backward_chunk'"),
+    ("config value not allowed", broken("backward_chunks = 2", 'backward_chunks = 2, prefix_attention = "flexx"'), "protocol.config",
+     "prefix_attention = 'flexx'; allowed: ['sdpa', 'flex']"),
     ("unsafe expression", broken(SECONDARY, "secondary = \"__import__('os').system('true')\""), "reads.secondary", "__import__"),
     ("unknown name", broken(SECONDARY, 'secondary = "speedup * 2"'), "reads.secondary", "unknown name 'speedup'"),
     ("unknown land item", broken('land = ["P1", "P2"]', 'land = ["P1", "P7"]'), "rules.R-land", "'P7' in land/park is not an item"),

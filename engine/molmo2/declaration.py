@@ -3,6 +3,7 @@ workload declares"). Extend these lists; never rename an entry — frozen regist
 
 from __future__ import annotations
 
+from engine.molmo2.execution import ATTENTION_KERNELS, PACK_ATTENTION
 from prereg.workload import ConfigKey, Metric, Probe, Profile, WorkloadDeclaration
 
 SWITCHES = {
@@ -130,11 +131,14 @@ CONFIG_KEYS = {
                   regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
         ConfigKey("pack", bool, "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)"),
-        ConfigKey("pack_attention", str, "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample) or 'rows' (one row per sample, gathered)"),
+        ConfigKey("pack_attention", str, "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample) or 'rows' (one row per sample, gathered)",
+                  allowed=PACK_ATTENTION),
         ConfigKey("pack_one_pass", bool, "with pack: the packed prefix and suffix rows joined through every block but the last (one matmul per weight a layer)"),
         ConfigKey("pack_multiple", int, "with pack: each packed row's length rounded up to this multiple (default 16 compiled, 1 eager); 128 gives FlexAttention whole tiles"),
-        ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
-        ConfigKey("suffix_attention", str, "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)"),
+        ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
+                  allowed=ATTENTION_KERNELS),
+        ConfigKey("suffix_attention", str, "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
+                  allowed=ATTENTION_KERNELS),
         ConfigKey("fps", int, "action frames per second"),
     ]
 }
