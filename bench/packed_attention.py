@@ -9,7 +9,11 @@ it, on the pool's largest packed step (its real block structure; random q/k/v at
 - `padded`: the padded chunk of the same 12 samples, the model's prefix_block_mask / continuation_block_mask;
 - `packed`: packing.py's masks as they are (rule by document ids);
 - `packed-bounds`: the same rule by each token's document bounds (int32), one comparison cheaper per pair;
-- `*-128`: the row padded to a multiple of 128, so the kernels know every tile is whole (IS_DIVISIBLE).
+- `*-128`: the row padded to a multiple of 128, so the kernels know every tile is whole (IS_DIVISIBLE);
+- `varlen`: no FlexAttention: FlashAttention's varlen kernel on segments of the row (segments.py, pack_attention
+  "varlen"), the gathers in and out included; its output's largest difference from the flex row's on the same
+  q/k/v is printed beside it (both bf16);
+- `joined`: the one-pass row [prefix | suffix] (pack_one_pass), under flex (`joined packed`) or varlen.
 
 Each formulation's block mask allows exactly the pairs of packing.py's dense masks: a test checks it over the tiny
 pool at both lengths (tests/test_bench_peer.py), and it was checked by hand over the h200-4b pool; this script
@@ -38,6 +42,7 @@ from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 from bench.flex_configs import attention_flops, timed  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.model import continuation_block_mask, continuation_mask, prefix_attention_mask, prefix_block_mask  # noqa: E402
+from engine.molmo2.segments import Segments, attend_segments, segments_mask  # noqa: E402
 from engine.molmo2.packing import (  # noqa: E402
     Packing,
     block_mask_from_pairs,
@@ -134,6 +139,16 @@ def variants(padded, packed):
         rows[f"prefix packed-bounds{suffix_name}"] = (1, Np, Np, lambda k=packing, i=image_ids: bounds_prefix_block_mask(k, i), dense_p)
         rows[f"suffix packed{suffix_name}"] = (1, Ns, Np + Ns, lambda k=packing: packed_suffix_block_mask(k), dense_s)
         rows[f"suffix packed-bounds{suffix_name}"] = (1, Ns, Np + Ns, lambda k=packing: bounds_suffix_block_mask(k), dense_s)
+    k = packed.packing
+    Np, Ns = k.prefix_doc.shape[1], k.suffix_doc.shape[1]
+    joined, joined_types = k.joined(image)
+    dense_j = lambda: packed_prefix_mask(joined, joined_types)  # noqa: E731
+    rows["joined packed"] = (1, Np + Ns, Np + Ns, lambda: packed_prefix_block_mask(joined, joined_types), dense_j)
+    # varlen rows: (plan, the flex block mask it is checked against) in place of a block mask
+    rows["prefix varlen"] = (1, Np, Np, lambda: (k.segments.prefix, packed_prefix_block_mask(k, image)),
+                             lambda: packed_prefix_mask(k, image))  # fmt: skip
+    rows["suffix varlen"] = (1, Ns, Np + Ns, lambda: (k.segments.suffix, packed_suffix_block_mask(k)), lambda: packed_suffix_mask(k))
+    rows["joined varlen"] = (1, Np + Ns, Np + Ns, lambda: (k.segments.joined, packed_prefix_block_mask(joined, joined_types)), dense_j)
     return rows
 
 
@@ -177,14 +192,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         start = time.perf_counter()
         try:
             block = block_builder()
+            plan, block = block if isinstance(block, tuple) else (None, block)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             mask_s = time.perf_counter() - start
             dense = dense_builder()
             fwd_flops, bwd_flops = attention_flops(dense, heads, head_dim)
             compiled = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
-            call = lambda: compiled(q, k, v, block_mask=block, enable_gqa=True, kernel_options=options)  # noqa: E731
+            flex_call = lambda q=q, k=k, v=v: compiled(q, k, v, block_mask=block, enable_gqa=True, kernel_options=options)  # noqa: E731
+            call = flex_call if plan is None else (lambda: attend_segments(q, k, v, plan))
             out = call()
+            versus_flex = None
+            if plan is not None:
+                assert torch.equal(segments_mask(plan, kv_len).to(dense.device), dense[0, 0]), f"{name}: plan != rule"
+                with torch.no_grad():
+                    versus_flex = float((out - flex_call(q.detach(), k.detach(), v.detach())).abs().max())
             out.backward(cotangent)
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -195,7 +217,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 forward_s = timed(call, args.warmup, args.repeats, device)
             both_s = timed(lambda: call().backward(cotangent), args.warmup, args.repeats, device)
             row = {"name": name, "q": [batch, q_len], "kv": kv_len, "mask_build_s": mask_s,
-                   "partial_blocks": int(block.kv_num_blocks.sum()), "full_blocks": int(block.full_kv_num_blocks.sum()),
+                   "partial_blocks": None if plan else int(block.kv_num_blocks.sum()),
+                   "full_blocks": None if plan else int(block.full_kv_num_blocks.sum()), "max_abs_vs_flex": versus_flex,
                    "forward_ms": forward_s * 1e3, "fwd_bwd_ms": both_s * 1e3, "step_ms": both_s * 1e3 * text.num_layers,
                    "forward_tflops": fwd_flops / forward_s / 1e12, "fwd_bwd_tflops": (fwd_flops + bwd_flops) / both_s / 1e12,
                    "first_call_s": first_call_s, "error": None}
@@ -211,8 +234,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if row["error"]:
             print(f"{row['name']:30} {row['error']}")
             continue
-        print(f"{row['name']:30} {row['partial_blocks']:5}/{row['full_blocks']:<5} {row['forward_ms']:7.2f} {row['fwd_bwd_ms']:7.2f} "
-              f"{row['step_ms']:8.1f} {row['fwd_bwd_tflops']:8.1f}")
+        blocks = "varlen" if row["partial_blocks"] is None else f"{row['partial_blocks']:5}/{row['full_blocks']:<5}"
+        versus = "" if row["max_abs_vs_flex"] is None else f"  max |varlen - flex| {row['max_abs_vs_flex']:.3g}"
+        print(f"{row['name']:30} {blocks:>11} {row['forward_ms']:7.2f} {row['fwd_bwd_ms']:7.2f} "
+              f"{row['step_ms']:8.1f} {row['fwd_bwd_tflops']:8.1f}{versus}")
     return rows
 
 

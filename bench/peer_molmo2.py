@@ -233,6 +233,12 @@ OURS = {
                                     (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
     "packed-x2-x34-128": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
                            "pack_multiple": 128}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    # ... the packed rows' attention as FlashAttention varlen calls on segments (pack_attention "varlen"), in two
+    # passes and in one
+    "packed-varlen-x2-x34": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen"},
+                             (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-varlen-one-pass-x2-x34": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen",
+                                       "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
 }
 
 

@@ -90,14 +90,15 @@ def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_pe
 def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
     """bench/packed_attention.py times several formulations of the packed masks; each must allow exactly the
     pairs of packing.py's dense rules (the pool of the tiny geometry, at the default and 128-token row lengths),
-    or its row times another attention. A CPU run writes every row, with FlexAttention's missing backward as the
-    flex rows' reason."""
+    or its row times another attention (a varlen row: its plan's pairs, segments.py). A CPU run writes every row,
+    with FlexAttention's missing backward as the flex rows' reason; a varlen row runs."""
     from torch.nn.attention.flex_attention import create_mask
 
     sys.path.insert(0, str(REPO / "bench"))
     from packed_attention import pad_packing, steps, variants
 
     from engine.molmo2.packing import packed_prefix_mask, packed_suffix_mask
+    from engine.molmo2.segments import segments_mask
 
     packed, _ = steps("cpu-tiny", pack=True)
     padded, _ = steps("cpu-tiny", pack=False)
@@ -106,6 +107,9 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
         for name, (batch, q_len, kv_len, block_mask, dense_mask) in rows.items():
             block, dense = block_mask(), dense_mask()
             assert dense.shape[-2:] == (q_len, kv_len) and dense.shape[0] == batch, name
+            if isinstance(block, tuple):  # a varlen row: its plan, and the flex mask its output is compared with
+                plan, block = block
+                assert torch.equal(segments_mask(plan, kv_len), dense[0, 0]), name
             rebuilt = create_mask(block.mask_mod, batch, None, q_len, kv_len, device="cpu")
             assert torch.equal(rebuilt[:, 0], dense[:, 0]), name
         packing, image = pad_packing(chunk.packing, chunk.prefix.mm_token_type_ids, 128)
@@ -114,10 +118,12 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
         assert torch.equal(packed_prefix_mask(packing, image)[..., :n, :n], packed_prefix_mask(chunk.packing, chunk.prefix.mm_token_type_ids))
         assert packed_suffix_mask(packing).shape[-1] == packing.prefix_doc.shape[1] + packing.suffix_doc.shape[1]
     command = [sys.executable, "bench/packed_attention.py", "--profile", "cpu-tiny", "--warmup", "1", "--repeats", "1",
-               "--only", "prefix packed,suffix packed-bounds-128", "--out", str(tmp_path)]  # fmt: skip
+               "--only", "prefix packed,suffix packed-bounds-128,joined varlen", "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "packed_attention_cpu-tiny.json").read_text())
     assert {"device", "torch", "dtype", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(report["conditions"])
-    assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed-bounds-128"]
-    assert all("backward on CPU" in row["error"] for row in report["rows"])
+    assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed-bounds-128", "joined varlen"]
+    assert all("backward on CPU" in row["error"] for row in report["rows"][:2])
+    varlen = report["rows"][2]  # the CPU's varlen kernel has a backward: a timed row, as close to flex as fp32 is
+    assert varlen["error"] is None and varlen["fwd_bwd_ms"] > 0 and varlen["max_abs_vs_flex"] < 1e-5, varlen

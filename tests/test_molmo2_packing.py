@@ -26,6 +26,7 @@ from engine.molmo2.packing import (
     packed_suffix_block_mask,
     packed_suffix_mask,
 )
+from engine.molmo2.segments import segments_mask
 from engine.molmo2.workload import Molmo2Runner
 
 
@@ -60,7 +61,8 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
 
 
 HOW = {"packed": {}, "rows": {"pack_attention": "rows"}, "one-pass": {"pack_one_pass": True},
-       "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"}}  # how a packed chunk is computed
+       "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"}, "varlen": {"pack_attention": "varlen"},
+       "one-pass-varlen": {"pack_one_pass": True, "pack_attention": "varlen"}}  # how a packed chunk is computed
 
 
 @pytest.mark.parametrize("how", list(HOW))
@@ -106,6 +108,42 @@ def test_the_packed_block_masks_are_the_dense_rules(padded):
         rebuilt = block.mask_mod(zero, zero, torch.arange(Q)[:, None], torch.arange(KV)[None, :])
         assert torch.equal(rebuilt, dense[0, 0])
         assert bool(dense[0, 0].any(-1).all())  # no query without a key
+
+
+@pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
+def test_the_varlen_segments_attend_exactly_the_dense_rules(padded, multiple):
+    """segments.py's plans, pair by pair: the prefix row's is packed_prefix_mask, the suffix row's (on the
+    [prefix | suffix] keys) packed_suffix_mask, the joined row's both at once (its prefix rows the prefix rule, its
+    suffix rows the suffix rule, and no prefix token sees a suffix token). Causal segments end at their queries,
+    and some of each kind exist."""
+    packed = pack(padded, multiple)
+    k, types = packed.packing, packed.prefix.mm_token_type_ids
+    Np, Ns = k.prefix_doc.shape[1], k.suffix_doc.shape[1]
+    plans = k.segments
+    assert torch.equal(segments_mask(plans.prefix, Np), packed_prefix_mask(k, types)[0, 0])
+    suffix_rule = packed_suffix_mask(k)[0, 0]
+    assert torch.equal(segments_mask(plans.suffix, Np + Ns), suffix_rule)
+    joined = segments_mask(plans.joined, Np + Ns)
+    assert torch.equal(joined[:Np, :Np], packed_prefix_mask(k, types)[0, 0]) and not bool(joined[:Np, Np:].any())
+    assert torch.equal(joined[Np:], suffix_rule)
+    assert [call.causal for call in plans.prefix.calls] == [True, False]
+    assert [call.causal for call in plans.suffix.calls] == [True]  # the suffix is text: causal segments only
+
+
+def test_a_wrong_varlen_plan_fails_the_dense_rule_check(padded):
+    """The check above can fail: a full segment made causal, or a key dropped from a segment, changes the pairs."""
+    from dataclasses import replace
+
+    packed = pack(padded)
+    k, types = packed.packing, packed.prefix.mm_token_type_ids
+    rule = packed_prefix_mask(k, types)[0, 0]
+    causal_call, full_call = k.segments.prefix.calls
+    made_causal = replace(k.segments.prefix, calls=(causal_call, replace(full_call, causal=True)))
+    assert not torch.equal(segments_mask(made_causal, rule.shape[1]), rule)
+    keys = full_call.keys.clone()
+    keys[1] = keys[0]  # the second key of the first full segment replaced by its first
+    assert not torch.equal(segments_mask(replace(k.segments.prefix, calls=(causal_call, replace(full_call, keys=keys))),
+                                         rule.shape[1]), rule)  # fmt: skip
 
 
 @pytest.mark.parametrize("multiple", [(1, 1), (16, 16)])
@@ -200,3 +238,30 @@ def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
     assert _max_logit_diff(reference[0][real], logits[0, : int(real.sum())]) <= FORWARD_ATOL
     name, diff = _worst_grad(reference[2], grads)
     assert diff <= GRAD_RTOL, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-pass", "one-pass"])
+def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass):
+    """pack_attention = "varlen" computes in bf16 (FlashAttention), so it is held to what bf16 FlexAttention gives on
+    the same packed chunk, compiled, under the same autocast: against the fp32 padded SDPA step, its logits and
+    gradients may be off by at most twice flex's error (plus 1e-3 for the case where flex's error is ~0)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    reference = _train_step(padded, Execution(), "cuda")
+    packed = pack(padded, (16, 16))
+
+    def bf16_step(execution: Execution):
+        with torch.autocast("cuda", torch.bfloat16):
+            return _train_step(packed, execution, "cuda")
+
+    flex = bf16_step(Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=one_pass))
+    varlen = bf16_step(Execution(compile=True, pack_attention="varlen", pack_one_pass=one_pass))
+    real = padded.suffix.attention_mask.bool()
+    n = int(real.sum())
+    logit_error = {name: _max_logit_diff(reference[0][real], run[0][0, :n].float()) for name, run in
+                   (("flex", flex), ("varlen", varlen))}  # fmt: skip
+    assert logit_error["varlen"] <= 2 * logit_error["flex"] + 1e-3, logit_error
+    grad_error = {name: _worst_grad(reference[2], run[2]) for name, run in (("flex", flex), ("varlen", varlen))}
+    assert grad_error["varlen"][1] <= 2 * grad_error["flex"][1] + 1e-3, grad_error

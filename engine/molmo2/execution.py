@@ -23,6 +23,9 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   and back, under the padded chunk's own masks; the matmuls stay packed. Measured on the H200, the packed row's
   FlexAttention cost 42 ms a step more than the padded chunk's on the same samples (profile_packed-x2-x34): its
   query blocks straddle samples, the suffix's most. The same function either way (tests/test_molmo2_packing.py).
+  "varlen": FlashAttention's variable-length kernel on the packed row cut into segments, one per run of text or
+  image tokens of a sample (segments.py): no per-pair rule in the kernel, where FlexAttention's partial blocks
+  evaluate the rule pair by pair. bf16/fp16 on CUDA (autocast); prefix_attention and suffix_attention do not apply.
 - pack_one_pass (with pack, training): a packed chunk's prefix row and suffix row joined into one row through
   every block but the last (model.joined_suffix_hidden), instead of the prefix through all blocks and then the
   suffix through all blocks on its K/V. Each weight then serves one matmul a layer, not two: one cast to bf16,
@@ -39,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("sdpa", "flex")  # for the prefix and for the suffix alike
-PACK_ATTENTION = ("packed", "rows")  # where a packed chunk attends
+PACK_ATTENTION = ("packed", "rows", "varlen")  # where a packed chunk attends
 
 
 @dataclass(frozen=True)

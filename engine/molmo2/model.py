@@ -330,8 +330,11 @@ class Molmo2Model(nn.Module):
 
     def _prefix_attention(self, attention_mask: torch.Tensor | None, mm_token_type_ids: torch.Tensor,
                           packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
-        """(RoPE positions, attention mask) of a prefix: padded, packed, or packed attending on per-sample rows."""
+        """(RoPE positions, attention mask) of a prefix: padded, packed, packed attending on per-sample rows, or
+        packed as varlen segments."""
         flex = self.execution.prefix_attention == "flex"
+        if packing is not None and self.execution.pack_attention == "varlen":
+            return packing.prefix_pos, packing.segments.prefix
         if packing is not None and self.execution.pack_attention == "rows":
             rows = packing.rows
             inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
@@ -343,8 +346,11 @@ class Molmo2Model(nn.Module):
 
     def _suffix_attention(self, attention_mask: torch.Tensor | None, cache: KVCache | None,
                           packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
-        """(RoPE positions, attention mask) of a suffix after `cache`: padded, packed, or on per-sample rows."""
+        """(RoPE positions, attention mask) of a suffix after `cache`: padded, packed, on per-sample rows, or as
+        varlen segments."""
         flex = self.training and self.execution.suffix_attention == "flex"
+        if packing is not None and self.execution.pack_attention == "varlen":
+            return packing.suffix_pos, packing.segments.suffix
         if packing is not None and self.execution.pack_attention == "rows":
             rows = packing.rows
             inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)

@@ -27,6 +27,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from engine.molmo2.batch import IGNORE_INDEX, ARBatch, positions_from_mask
+from engine.molmo2.segments import PackedSegments, packed_segments
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,17 @@ class Packing:
     suffix_doc: torch.Tensor  # [1, Ns] long
     suffix_pos: torch.Tensor  # [1, Ns] long
     rows: Rows | None = None  # the padded layout, for pack_attention = "rows"; pack() always sets it
+    segments: PackedSegments | None = None  # the varlen plans, for pack_attention = "varlen"; pack() always sets it
 
     def to(self, device: torch.device | str) -> "Packing":
         moved = (t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos))
-        return Packing(*moved, rows=None if self.rows is None else self.rows.to(device))
+        return Packing(*moved, rows=None if self.rows is None else self.rows.to(device),
+                       segments=None if self.segments is None else self.segments.to(device))  # fmt: skip
 
     def joined(self, mm_token_type_ids: torch.Tensor) -> tuple["Packing", torch.Tensor]:
         """The prefix row and the suffix row as one row [prefix | suffix] (pack_one_pass), as this Packing's prefix
-        fields, and that row's mm_token_type_ids; the suffix fields stay the suffix's. Every suffix token comes
+        fields (the joined row's varlen plan as its prefix plan), and that row's mm_token_type_ids; the suffix fields
+        stay the suffix's. Every suffix token comes
         after its whole sample's prefix, so the prefix's rule on the joined row (within a sample, causal OR both
         image, real keys) is both rules at once: a prefix token sees its sample's prefix (the suffix comes later
         and has no image tokens), a suffix token its sample's prefix and, causally, its suffix. The rows join the
@@ -78,8 +82,10 @@ class Packing:
         joined_rows = replace(rows, prefix_index=rows.suffix_keys, prefix_back=back,
                               prefix_mask=torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1),
                               prefix_types=torch.cat([rows.prefix_types, torch.zeros_like(rows.suffix_index)], dim=1))  # fmt: skip
+        segments = replace(self.segments, prefix=self.segments.joined)
         packing = replace(self, prefix_doc=torch.cat([self.prefix_doc, self.suffix_doc], dim=1),
-                          prefix_pos=torch.cat([self.prefix_pos, self.suffix_pos], dim=1), rows=joined_rows)  # fmt: skip
+                          prefix_pos=torch.cat([self.prefix_pos, self.suffix_pos], dim=1), rows=joined_rows,
+                          segments=segments)  # fmt: skip
         return packing, types
 
 
@@ -148,7 +154,8 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
     suffix_index, suffix_back = _slots(s_real, Ns)
     rows = Rows(prefix_index, prefix_back, p_real, p.mm_token_type_ids, suffix_index,
                 torch.cat([prefix_index, Np + suffix_index], dim=1), suffix_back, s_real)  # fmt: skip
-    packing = Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos, rows)
+    segments = packed_segments(prefix_doc[0], suffix_doc[0], prefix.mm_token_type_ids[0] == 1)
+    packing = Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos, rows, segments)
     return replace(batch, prefix=prefix, suffix=suffix, packing=packing)
 
 

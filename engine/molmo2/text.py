@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.molmo2.config import Molmo2Config, TextConfig
+from engine.molmo2.segments import Segments, attend_segments
 
 # The dispatcher list HEAD pins for decoder attention (seed 000, P1 site: [FLASH, EFFICIENT, MATH]), in this
 # priority order. A dense mask rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
@@ -67,13 +68,15 @@ class SampleRows:
     mask: torch.Tensor | BlockMask  # the padded layout's rule: a dense bool mask (SDPA) or a BlockMask (flex)
 
 
-Mask = torch.Tensor | BlockMask | SampleRows | None
+Mask = torch.Tensor | BlockMask | SampleRows | Segments | None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> torch.Tensor:
     """GQA attention, scale 1/sqrt(head_dim). A dense bool mask goes to SDPA, whose backends the caller picks with
     `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py); SampleRows attends a packed row [1, h, N, d]
-    on per-sample rows under either."""
+    on per-sample rows under either; Segments attends it as FlashAttention's varlen calls (segments.py)."""
+    if isinstance(mask, Segments):
+        return attend_segments(q, k, v, mask)
     if isinstance(mask, SampleRows):
         rows = lambda t, index: t[0][:, index].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [B, h, L, d]
         out = attend(rows(q, mask.queries), rows(k, mask.keys), rows(v, mask.keys), mask.mask)
