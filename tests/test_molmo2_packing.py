@@ -265,3 +265,18 @@ def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass):
     assert logit_error["varlen"] <= 2 * logit_error["flex"] + 1e-3, logit_error
     grad_error = {name: _worst_grad(reference[2], run[2]) for name, run in (("flex", flex), ("varlen", varlen))}
     assert grad_error["varlen"][1] <= 2 * grad_error["flex"][1] + 1e-3, grad_error
+
+
+def test_the_varlen_gather_backward_sums_every_copy():
+    """segments.Gather's backward (a gather over each row's copies, summed in fp32) is index_select's own (an
+    index_add), with rows taken several times, once, and never; for a permutation; and for rows taken at most once."""
+    from engine.molmo2.segments import Gather, _copies
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    for index in (torch.tensor([0, 2, 2, 5, 0, 2, 6, 1]), torch.randperm(7, generator=g), torch.tensor([4, 0, 6])):
+        cotangent = torch.randn(index.shape[0], 3, 4, generator=g, dtype=torch.float64)
+        ours = torch.autograd.grad(Gather.apply(x, index, _copies(index, 7)), x, cotangent)[0]
+        theirs = torch.autograd.grad(x.index_select(0, index), x, cotangent)[0]
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    assert _copies(torch.tensor([3, 1, 3]), 4).tolist() == [[3, 3], [1, 3], [3, 3], [0, 2]]

@@ -50,13 +50,40 @@ class VarlenCall:
 
 @dataclass(frozen=True)
 class Segments:
-    """A row's attention as varlen calls; every query of the row is in exactly one call's segments."""
+    """A row's attention as varlen calls; every query of the row is in exactly one call's segments. The gathers
+    are one per tensor for all calls, each with the table its backward sums by (`Gather`)."""
 
     calls: tuple[VarlenCall, ...]
+    queries: torch.Tensor  # [N] long: the calls' queries, concatenated (a permutation of the row)
     inverse: torch.Tensor  # [N] long: where each query-row token's output is in the calls' outputs, concatenated
+    keys: torch.Tensor  # [S] long: the calls' keys, concatenated (a key-row position per slot)
+    key_copies: torch.Tensor  # [Nk, C] long: the slots of each key-row position, padded with S (no slot)
 
     def to(self, device: torch.device | str) -> "Segments":
-        return Segments(tuple(call.to(device) for call in self.calls), self.inverse.to(device))
+        return Segments(tuple(call.to(device) for call in self.calls), *(t.to(device) for t in
+                        (self.queries, self.inverse, self.keys, self.key_copies)))  # fmt: skip
+
+
+class Gather(torch.autograd.Function):
+    """x.index_select(0, index), whose backward sums each row's copies by gathering them through `copies` ([rows
+    of x, C] indices into index's slots, padded with len(index)), in fp32 at least: index_select's own backward is an
+    atomic bf16 index_add, which cost 51 ms of a 0.63 s step on the H200 (profile_packed-varlen-one-pass-x2-x34)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, copies: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(copies)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (copies,) = ctx.saved_tensors
+        if copies.shape == (grad.shape[0], 1):  # as many rows as slots, at most one slot each: a permutation
+            return grad.index_select(0, copies[:, 0]), None, None
+        padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])
+        if copies.shape[1] == 1:
+            return padded.index_select(0, copies[:, 0]), None, None
+        accumulate = torch.promote_types(grad.dtype, torch.float32)  # bf16 copies summed in fp32
+        return padded[copies].to(accumulate).sum(1).to(grad.dtype), None, None
 
 
 @dataclass(frozen=True)
@@ -82,9 +109,9 @@ class Sample:
     queries: list[int]
 
 
-def plan(samples: list[Sample], pads: list[tuple[int, int]], n_queries: int) -> Segments:
-    """The varlen calls of a row of `n_queries` queries: `samples`, and the tail pads as (query, key) positions,
-    each seeing only itself."""
+def plan(samples: list[Sample], pads: list[tuple[int, int]], n_queries: int, n_keys: int) -> Segments:
+    """The varlen calls of a row of `n_queries` queries on a key row of `n_keys`: `samples`, and the tail pads as
+    (query, key) positions, each seeing only itself."""
     causal: list[tuple[list[int], list[int]]] = []
     full: list[tuple[list[int], list[int]]] = []
     for sample in samples:
@@ -105,7 +132,19 @@ def plan(samples: list[Sample], pads: list[tuple[int, int]], n_queries: int) -> 
     assert torch.equal(order.sort().values, torch.arange(n_queries)), "every query in exactly one segment"
     inverse = torch.empty(n_queries, dtype=torch.long)
     inverse[order] = torch.arange(n_queries)
-    return Segments(calls, inverse)
+    keys = torch.cat([call.keys for call in calls])
+    return Segments(calls, order, inverse, keys, _copies(keys, n_keys))
+
+
+def _copies(index: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, C] the slots of `index` holding each row (C: the most any row has), padded with len(index)."""
+    counts = torch.bincount(index, minlength=rows)
+    by_row = torch.argsort(index, stable=True)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(index.shape[0]) - first[index[by_row]]
+    copies = torch.full((rows, int(counts.max())), index.shape[0], dtype=torch.long)
+    copies[index[by_row], rank] = by_row
+    return copies
 
 
 def _call(segments: list[tuple[list[int], list[int]]], causal: bool) -> VarlenCall:
@@ -126,14 +165,14 @@ def packed_segments(prefix_doc: torch.Tensor, suffix_doc: torch.Tensor, image: t
     image_at = image.tolist()
     p_pads = torch.nonzero(prefix_doc < 0)[:, 0].tolist()
     s_pads = torch.nonzero(suffix_doc < 0)[:, 0].tolist()
-    prefix = plan([Sample(p, [image_at[i] for i in p], p) for p in p_at], [(i, i) for i in p_pads], Np)
+    prefix = plan([Sample(p, [image_at[i] for i in p], p) for p in p_at], [(i, i) for i in p_pads], Np, Np)
     suffix = plan([Sample(p + [Np + j for j in s], [image_at[i] for i in p] + [False] * len(s), [-1] * len(p) + s)
-                   for p, s in zip(p_at, s_at)], [(j, Np + j) for j in s_pads], Ns)  # fmt: skip
+                   for p, s in zip(p_at, s_at)], [(j, Np + j) for j in s_pads], Ns, Np + Ns)  # fmt: skip
     joined_samples = []
     for p, s in zip(p_at, s_at):
         keys = p + [Np + j for j in s]
         joined_samples.append(Sample(keys, [image_at[i] for i in p] + [False] * len(s), keys))
-    joined = plan(joined_samples, [(i, i) for i in p_pads] + [(Np + j, Np + j) for j in s_pads], Np + Ns)
+    joined = plan(joined_samples, [(i, i) for i in p_pads] + [(Np + j, Np + j) for j in s_pads], Np + Ns, Np + Ns)
     return PackedSegments(prefix, suffix, joined)
 
 
@@ -164,10 +203,16 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
                              f"{dtype}; run it under autocast (the h200 profiles do) or pick pack_attention 'packed'")  # fmt: skip
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [N, h, d]
-    q, k, v = rows(q), rows(k), rows(v)
-    outputs = [_varlen(q.index_select(0, call.queries), k.index_select(0, call.keys), v.index_select(0, call.keys), call)
-               for call in segments.calls]  # fmt: skip
-    return torch.cat(outputs).index_select(0, segments.inverse).transpose(0, 1)[None]
+    q = Gather.apply(rows(q), segments.queries, segments.inverse[:, None])
+    k = Gather.apply(rows(k), segments.keys, segments.key_copies)
+    v = Gather.apply(rows(v), segments.keys, segments.key_copies)
+    outputs, q_at, k_at = [], 0, 0
+    for call in segments.calls:
+        nq, nk = call.queries.shape[0], call.keys.shape[0]
+        outputs.append(_varlen(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call))
+        q_at, k_at = q_at + nq, k_at + nk
+    out = Gather.apply(torch.cat(outputs), segments.inverse, segments.queries[:, None])
+    return out.transpose(0, 1)[None]
 
 
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall) -> torch.Tensor:
