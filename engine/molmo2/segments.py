@@ -13,9 +13,10 @@ repeat in each of its segments: ~3x the keys at h200-4b), outputs gathered back 
 to exactly one segment, so nothing is merged: the calls compute the rule's attention, no more pairs (the dense
 masks' tail-pad rule included: a pad sees itself).
 
-Why: FlexAttention runs this rule at ~150 TFLOP/s forward + backward on the H200 (bench/results/
-flex_configs_h200-4b.json), most of its blocks partial ones that evaluate the rule per pair; FlashAttention's
-varlen kernel has no per-pair rule to evaluate.
+Why: FlexAttention evaluates the rule pair by pair in its partial blocks, most of a packed row's blocks; the
+varlen kernel has no rule to evaluate. On the H200 (one-pass packed step, profiles in bench/results/):
+FlashAttention-2's kernels take 106 ms a step where FlexAttention took 136, and the whole step 0.596 s against
+0.608 (molmo2-pack-varlen-h200: default-varlen, 2.07%).
 
 The plans are built on the host once per packed chunk (pack()). On CUDA the calls are torch's FlashAttention
 varlen kernel (bf16/fp16); on the CPU, where that kernel does not exist, each segment is one SDPA call with the same
