@@ -67,11 +67,10 @@ class Packing:
     def joined(self, mm_token_type_ids: torch.Tensor) -> tuple["Packing", torch.Tensor]:
         """The prefix row and the suffix row as one row [prefix | suffix] (pack_one_pass), as this Packing's prefix
         fields (the joined row's varlen plan as its prefix plan), and that row's mm_token_type_ids; the suffix fields
-        stay the suffix's. Every suffix token comes
-        after its whole sample's prefix, so the prefix's rule on the joined row (within a sample, causal OR both
-        image, real keys) is both rules at once: a prefix token sees its sample's prefix (the suffix comes later
-        and has no image tokens), a suffix token its sample's prefix and, causally, its suffix. The rows join the
-        same way: each sample's prefix slots, then its suffix slots."""
+        stay the suffix's. Every suffix token comes after its whole sample's prefix, so the prefix's rule on the
+        joined row (within a sample, causal OR both image, real keys) is both rules at once: a prefix token sees its
+        sample's prefix (the suffix comes later and has no image tokens), a suffix token its sample's prefix and,
+        causally, its suffix. The rows join the same way: each sample's prefix slots, then its suffix slots."""
         rows = self.rows
         B, Lp = rows.prefix_mask.shape
         Ls = rows.suffix_mask.shape[1]
