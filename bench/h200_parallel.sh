@@ -17,6 +17,8 @@
 #   packbench[=ROWS] bench/packed_attention.py: a packed step's attention beside the same samples padded (ROWS: its
 #                    --only list, row names with "_" for " ", e.g. packbench=prefix_packed,prefix_packed-128)
 #   gputests[=K]     the GPU tests of the Molmo2 workload (those whose names match pytest's -k K)
+#   cudnnprobe       bench/cudnn_varlen_probe.py: the varlen calls on cuDNN's SDPA (cudnn-frontend, a carried wheel)
+#                    beside torch's FlashAttention-2
 # Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
 # PEER_LAST=1 times the peer after our arms. LANE_TIMEOUT_S=S stops every lane's tasks after S seconds (SIGTERM).
 set -uo pipefail
@@ -36,8 +38,9 @@ run_task() {  # one task on the GPU this lane was given
             ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
     flexbench) python3 bench/flex_configs.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
     packbench) python3 bench/packed_attention.py --profile h200-4b --only "${value//_/ }" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
+    cudnnprobe) python3 bench/cudnn_varlen_probe.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
     gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py tests/test_molmo2_packing.py ;;
-    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], flexbench, packbench[=ROWS], gputests[=K]"; return 2 ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], flexbench, packbench[=ROWS], cudnnprobe, gputests[=K]"; return 2 ;;
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"

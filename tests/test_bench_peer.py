@@ -4,6 +4,7 @@ timing is asserted (timings belong in benchmarks): this keeps the H200 benchmark
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -127,3 +128,36 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
     assert all("backward on CPU" in row["error"] for row in report["rows"][:2])
     varlen = report["rows"][2]  # the CPU's varlen kernel has a backward: a timed row, as close to flex as fp32 is
     assert varlen["error"] is None and varlen["fwd_bwd_ms"] > 0 and varlen["max_abs_vs_flex"] < 1e-5, varlen
+
+
+def test_the_cudnn_probe_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
+    """bench/cudnn_varlen_probe.py hands cuDNN each call of a varlen plan as B padded segments with their real
+    lengths and element offsets into the packed buffers: the lengths are the plan's, the offsets their prefix sums
+    times a token's width. On a CPU profile the probe writes one row saying why it cannot run, and exits 0."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from cudnn_varlen_probe import thd_layout
+
+    from engine.molmo2.packing import pack
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from molmo2_fixtures import make_batch, tiny_config
+    from test_molmo2_execution import MORE_ROWS
+
+    plan = pack(make_batch(tiny_config(), MORE_ROWS, seed=13), (16, 16)).packing.segments.joined
+    for call in plan.calls:
+        layout = thd_layout(call, heads=4, kv_heads=2, head_dim=16)
+        q_lengths, k_lengths = layout["seq_len_q"].flatten().tolist(), layout["seq_len_kv"].flatten().tolist()
+        assert sum(q_lengths) == layout["total_q"] == call.queries.shape[0] and max(q_lengths) == layout["max_q"]
+        assert sum(k_lengths) == layout["total_k"] == call.keys.shape[0] and max(k_lengths) == layout["max_k"]
+        q_starts = [0] + list(itertools.accumulate(q_lengths))
+        k_starts = [0] + list(itertools.accumulate(k_lengths))
+        assert layout["q_offset"].flatten().tolist() == [s * 4 * 16 for s in q_starts]
+        assert layout["k_offset"].flatten().tolist() == [s * 2 * 16 for s in k_starts]
+        assert layout["segments"] == len(q_lengths) and all(n >= 1 for n in q_lengths)
+        if call.causal:  # bottom-right causal needs every segment's queries no more than its keys
+            assert all(nq <= nk for nq, nk in zip(q_lengths, k_lengths))
+    command = [sys.executable, "bench/cudnn_varlen_probe.py", "--profile", "cpu-tiny", "--out", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "cudnn_varlen_probe_cpu-tiny.json").read_text())
+    assert [row["name"] for row in report["rows"]] == ["setup"] and "CPU" in report["rows"][0]["error"]
