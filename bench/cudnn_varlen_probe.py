@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from bench.flex_configs import timed  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.segments import VarlenCall, _varlen  # noqa: E402
+from engine.molmo2.segments import VarlenCall, varlen_call  # noqa: E402
 from engine.molmo2.workload import Molmo2Runner  # noqa: E402
 
 
@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
         row = {"name": name, "segments": layout["segments"], "queries": nq, "keys": nk, "max_q": call.max_q, "max_k": call.max_k}
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        fa_out = _varlen(*leaves, call)
+        fa_out = varlen_call(*leaves, call)
         fa_grads = torch.autograd.grad(fa_out, leaves, do)
-        row["fa2_forward_ms"] = timed(lambda: _varlen(q, k, v, call), args.warmup, args.repeats, device) * 1e3
-        row["fa2_fwd_bwd_ms"] = timed(lambda: torch.autograd.grad(_varlen(*leaves, call), leaves, do), args.warmup,
+        row["fa2_forward_ms"] = timed(lambda: varlen_call(q, k, v, call), args.warmup, args.repeats, device) * 1e3
+        row["fa2_fwd_bwd_ms"] = timed(lambda: torch.autograd.grad(varlen_call(*leaves, call), leaves, do), args.warmup,
                                       args.repeats, device) * 1e3  # fmt: skip
         stage = "graphs"
         try:

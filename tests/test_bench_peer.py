@@ -139,7 +139,6 @@ def test_the_cudnn_probe_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
 
     from engine.molmo2.packing import pack
 
-    sys.path.insert(0, str(REPO / "tests"))
     from molmo2_fixtures import make_batch, tiny_config
     from test_molmo2_execution import MORE_ROWS
 

@@ -81,9 +81,7 @@ class Gather(torch.autograd.Function):
         (copies,) = ctx.saved_tensors
         if copies.shape == (grad.shape[0], 1):  # as many rows as slots, at most one slot each: a permutation
             return grad.index_select(0, copies[:, 0]), None, None
-        padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])
-        if copies.shape[1] == 1:
-            return padded.index_select(0, copies[:, 0]), None, None
+        padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])  # slot len(index): no slot, a zero
         accumulate = torch.promote_types(grad.dtype, torch.float32)  # bf16 copies summed in fp32
         return padded[copies].to(accumulate).sum(1).to(grad.dtype), None, None
 
@@ -211,14 +209,14 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     outputs, q_at, k_at = [], 0, 0
     for call in segments.calls:
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        outputs.append(_varlen(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call))
+        outputs.append(varlen_call(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call))
         q_at, k_at = q_at + nq, k_at + nk
     out = Gather.apply(torch.cat(outputs), segments.inverse, segments.queries[:, None])
     return out.transpose(0, 1)[None]
 
 
-def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall) -> torch.Tensor:
-    """[nq, heads, d], [nk, kv_heads, d] x2 -> [nq, heads, d]."""
+def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall) -> torch.Tensor:
+    """One varlen call on its gathered buffers: [nq, heads, d], [nk, kv_heads, d] x2 -> [nq, heads, d]."""
     if q.device.type == "cuda":
         from torch.nn.attention.varlen import varlen_attn
 
