@@ -130,13 +130,12 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
     assert varlen["error"] is None and varlen["fwd_bwd_ms"] > 0 and varlen["max_abs_vs_flex"] < 1e-5, varlen
 
 
-def test_the_cudnn_probe_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
-    """bench/cudnn_varlen_probe.py hands cuDNN each call of a varlen plan as B padded segments with their real
+def test_the_cudnn_kernel_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
+    """engine/molmo2/cudnn_attention.py hands cuDNN each call of a varlen plan as B padded segments with their real
     lengths and element offsets into the packed buffers: the lengths are the plan's, the offsets their prefix sums
-    times a token's width. On a CPU profile the probe writes one row saying why it cannot run, and exits 0."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from cudnn_varlen_probe import thd_layout
-
+    times a token's width. On a CPU profile bench/cudnn_varlen_probe.py writes one row saying why it cannot run,
+    and exits 0."""
+    from engine.molmo2.cudnn_attention import ragged_layout
     from engine.molmo2.packing import pack
 
     from molmo2_fixtures import make_batch, tiny_config
@@ -144,15 +143,17 @@ def test_the_cudnn_probe_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
 
     plan = pack(make_batch(tiny_config(), MORE_ROWS, seed=13), (16, 16)).packing.segments.joined
     for call in plan.calls:
-        layout = thd_layout(call, heads=4, kv_heads=2, head_dim=16)
-        q_lengths, k_lengths = layout["seq_len_q"].flatten().tolist(), layout["seq_len_kv"].flatten().tolist()
-        assert sum(q_lengths) == layout["total_q"] == call.queries.shape[0] and max(q_lengths) == layout["max_q"]
-        assert sum(k_lengths) == layout["total_k"] == call.keys.shape[0] and max(k_lengths) == layout["max_k"]
+        layout = ragged_layout(call.cu_q, call.cu_k, heads=4, kv_heads=2, head_dim=16)
+        q_lengths, k_lengths = layout.seq_len_q.flatten().tolist(), layout.seq_len_kv.flatten().tolist()
+        assert layout.seq_len_q.dtype == torch.int32 and layout.q_offset.dtype == torch.int64
+        assert layout.seq_len_q.shape == (len(q_lengths), 1, 1, 1) and layout.k_offset.shape == (len(q_lengths) + 1, 1, 1, 1)
+        assert sum(q_lengths) == call.queries.shape[0] and max(q_lengths) == call.max_q
+        assert sum(k_lengths) == call.keys.shape[0] and max(k_lengths) == call.max_k
         q_starts = [0] + list(itertools.accumulate(q_lengths))
         k_starts = [0] + list(itertools.accumulate(k_lengths))
-        assert layout["q_offset"].flatten().tolist() == [s * 4 * 16 for s in q_starts]
-        assert layout["k_offset"].flatten().tolist() == [s * 2 * 16 for s in k_starts]
-        assert layout["segments"] == len(q_lengths) and all(n >= 1 for n in q_lengths)
+        assert layout.q_offset.flatten().tolist() == [s * 4 * 16 for s in q_starts]
+        assert layout.k_offset.flatten().tolist() == [s * 2 * 16 for s in k_starts]
+        assert all(n >= 1 for n in q_lengths)
         if call.causal:  # bottom-right causal needs every segment's queries no more than its keys
             assert all(nq <= nk for nq, nk in zip(q_lengths, k_lengths))
     command = [sys.executable, "bench/cudnn_varlen_probe.py", "--profile", "cpu-tiny", "--out", str(tmp_path)]

@@ -131,7 +131,7 @@ CONFIG_KEYS = {
                   regroups_samples=True),
         ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
         ConfigKey("pack", bool, "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)"),
-        ConfigKey("pack_attention", str, "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered) or 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA)",
+        ConfigKey("pack_attention", str, "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA)",
                   allowed=PACK_ATTENTION),
         ConfigKey("pack_one_pass", bool, "with pack: the packed prefix and suffix rows joined through every block but the last (one matmul per weight a layer)"),
         ConfigKey("pack_multiple", int, "with pack: each packed row's length rounded up to this multiple (default 16 compiled, 1 eager); 128 gives FlexAttention whole tiles"),

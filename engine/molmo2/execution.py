@@ -27,7 +27,8 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   image tokens of a sample (segments.py): no per-pair rule in the kernel, where FlexAttention's partial blocks
   evaluate the rule pair by pair. bf16/fp16 on CUDA (autocast); prefix_attention and suffix_attention do not apply.
   Measured on the H200 (molmo2-pack-rows-h200, molmo2-pack-varlen-h200): rows parked (-1.2%), varlen landed (2.07%
-  of the one-pass packed step).
+  of the one-pass packed step). "varlen-cudnn": the same segments on cuDNN's fused SDPA (cudnn_attention.py,
+  cudnn-frontend graphs) instead of FlashAttention-2; on the CPU both run the same per-segment reference.
 - pack_one_pass (with pack, training): a packed chunk's prefix row and suffix row joined into one row through
   every block but the last (model.joined_suffix_hidden), instead of the prefix through all blocks and then the
   suffix through all blocks on its K/V. Each weight then serves one matmul a layer, not two: one cast to bf16,
@@ -44,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("sdpa", "flex")  # for the prefix and for the suffix alike
-PACK_ATTENTION = ("packed", "rows", "varlen")  # where a packed chunk attends
+PACK_ATTENTION = ("packed", "rows", "varlen", "varlen-cudnn")  # where a packed chunk attends
+VARLEN_KERNELS = {"varlen": "flash", "varlen-cudnn": "cudnn"}  # the segments' CUDA kernel of each varlen choice
 
 
 @dataclass(frozen=True)

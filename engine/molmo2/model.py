@@ -16,7 +16,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from engine.molmo2.batch import PrefixInputs, positions_from_mask
 from engine.molmo2.config import Molmo2Config
-from engine.molmo2.execution import EAGER, Execution
+from engine.molmo2.execution import EAGER, VARLEN_KERNELS, Execution
 from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
 from engine.molmo2.switches import HEAD, Switches
 from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, SampleRows, TextModel, backends_context
@@ -333,8 +333,8 @@ class Molmo2Model(nn.Module):
         """(RoPE positions, attention mask) of a prefix: padded, packed, packed attending on per-sample rows, or
         packed as varlen segments."""
         flex = self.execution.prefix_attention == "flex"
-        if packing is not None and self.execution.pack_attention == "varlen":
-            return packing.prefix_pos, packing.segments.prefix
+        if packing is not None and self.execution.pack_attention in VARLEN_KERNELS:
+            return packing.prefix_pos, packing.segments.prefix.on(VARLEN_KERNELS[self.execution.pack_attention])
         if packing is not None and self.execution.pack_attention == "rows":
             rows = packing.rows
             inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
@@ -349,8 +349,8 @@ class Molmo2Model(nn.Module):
         """(RoPE positions, attention mask) of a suffix after `cache`: padded, packed, on per-sample rows, or as
         varlen segments."""
         flex = self.training and self.execution.suffix_attention == "flex"
-        if packing is not None and self.execution.pack_attention == "varlen":
-            return packing.suffix_pos, packing.segments.suffix
+        if packing is not None and self.execution.pack_attention in VARLEN_KERNELS:
+            return packing.suffix_pos, packing.segments.suffix.on(VARLEN_KERNELS[self.execution.pack_attention])
         if packing is not None and self.execution.pack_attention == "rows":
             rows = packing.rows
             inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)

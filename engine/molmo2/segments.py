@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+
+
+KERNELS = ("flash", "cudnn")  # a varlen call's CUDA kernel
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,17 @@ class Segments:
     inverse: torch.Tensor  # [N] long: where each query-row token's output is in the calls' outputs, concatenated
     keys: torch.Tensor  # [S] long: the calls' keys, concatenated (a key-row position per slot)
     key_copies: torch.Tensor  # [Nk, C] long: the slots of each key-row position, padded with S (no slot)
+    kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2) or "cudnn" (cudnn_attention.py)
 
     def to(self, device: torch.device | str) -> "Segments":
         return Segments(tuple(call.to(device) for call in self.calls), *(t.to(device) for t in
-                        (self.queries, self.inverse, self.keys, self.key_copies)))  # fmt: skip
+                        (self.queries, self.inverse, self.keys, self.key_copies)), self.kernel)  # fmt: skip
+
+    def on(self, kernel: str) -> "Segments":
+        """The same plan on another CUDA kernel."""
+        if kernel not in KERNELS:
+            raise ValueError(f"segments kernel {kernel!r}; allowed: {list(KERNELS)}")
+        return replace(self, kernel=kernel)
 
 
 class Gather(torch.autograd.Function):
@@ -199,7 +209,7 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     if q.device.type == "cuda":
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
         if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"pack_attention = 'varlen' on CUDA computes in bf16 or fp16 (FlashAttention), got "
+            raise ValueError(f"pack_attention = 'varlen' on CUDA computes in bf16 or fp16 (FlashAttention, cuDNN), got "
                              f"{dtype}; run it under autocast (the h200 profiles do) or pick pack_attention 'packed'")  # fmt: skip
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [N, h, d]
@@ -209,14 +219,18 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     outputs, q_at, k_at = [], 0, 0
     for call in segments.calls:
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        outputs.append(varlen_call(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call))
+        outputs.append(varlen_call(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call, segments.kernel))
         q_at, k_at = q_at + nq, k_at + nk
     out = Gather.apply(torch.cat(outputs), segments.inverse, segments.queries[:, None])
     return out.transpose(0, 1)[None]
 
 
-def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall) -> torch.Tensor:
+def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall, kernel: str = "flash") -> torch.Tensor:
     """One varlen call on its gathered buffers: [nq, heads, d], [nk, kv_heads, d] x2 -> [nq, heads, d]."""
+    if q.device.type == "cuda" and kernel == "cudnn":
+        from engine.molmo2.cudnn_attention import cudnn_varlen_call
+
+        return cudnn_varlen_call(q, k, v, call)
     if q.device.type == "cuda":
         from torch.nn.attention.varlen import varlen_attn
 
