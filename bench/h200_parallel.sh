@@ -19,6 +19,7 @@
 #   gputests[=K]     the GPU tests of the Molmo2 workload (those whose names match pytest's -k K)
 #   cudnnprobe       bench/cudnn_varlen_probe.py: the varlen calls on cuDNN's SDPA (cudnn-frontend, a carried wheel)
 #                    beside torch's FlashAttention-2
+# A task that exits non-zero ends its lane (the tasks after it do not run).
 # Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
 # PEER_LAST=1 times the peer after our arms. LANE_TIMEOUT_S=S stops every lane's tasks after S seconds (SIGTERM).
 set -uo pipefail
@@ -44,6 +45,7 @@ run_task() {  # one task on the GPU this lane was given
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"
+  return $status
 }
 
 if [ -n "${REGS:-}" ]; then
@@ -63,7 +65,8 @@ for lane in 0 1 2 3 4 5 6 7; do
     export -f run_task
     # LANE_TIMEOUT_S: the lane's tasks get SIGTERM then (a ladder stops cleanly on it), so this script still
     # brings the ledger back inside the device call's limit; a timeout around the whole script would not.
-    timeout --kill-after=30 "${LANE_TIMEOUT_S:-86400}" bash -c 'for task in $TASKS; do run_task "$task"; done'
+    # A task that fails ends its lane: a ladder after a failed GPU test would spend the call on a broken path.
+    timeout --kill-after=30 "${LANE_TIMEOUT_S:-86400}" bash -c 'for task in $TASKS; do run_task "$task" || { echo "== lane stopped: $task failed"; break; }; done'
   ) > "$OUT/lane$lane.log" 2>&1 &
 done
 wait

@@ -239,6 +239,12 @@ OURS = {
                              (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
     "packed-varlen-one-pass-x2-x34": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen",
                                        "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    # ... X3 out (it failed its one-step loss oracle at 4B: molmo2-x34-h200), and the varlen segments on cuDNN's SDPA
+    # (pack_attention "varlen-cudnn") beside FlashAttention-2's
+    "packed-varlen-one-pass-x2-x4": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen",
+                                      "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw")),
+    "packed-varlen-cudnn-one-pass-x2-x4": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn",
+                                            "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw")),
 }
 
 
