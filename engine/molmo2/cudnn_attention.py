@@ -24,8 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # segments imports this module when a call runs on cuDNN
+    from engine.molmo2.segments import VarlenCall
 
 ROUND = 64  # graph dims are rounded up to this, so nearby packed chunks share a graph
 
@@ -208,7 +212,7 @@ def _grad(ctx, do: torch.Tensor, _stats_grad: torch.Tensor | None):
 _forward.register_autograd(_grad, setup_context=_setup_context)
 
 
-def cudnn_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call) -> torch.Tensor:
+def cudnn_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: "VarlenCall") -> torch.Tensor:
     """segments.varlen_call's contract on cuDNN (CUDA, bf16 or fp16): [nq, heads, d], [nk, kv_heads, d] x2 ->
     [nq, heads, d]."""
     assert q.dtype in (torch.bfloat16, torch.float16), q.dtype  # attend_segments casts under autocast, or refuses
