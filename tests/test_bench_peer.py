@@ -20,13 +20,14 @@ ROW = {"name", "load_s", "peak_gib", "error", "warmup_times", "times", "s_per_st
 
 
 def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
-    command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--ours", "head,six", "--peer-chunks", "2",
+    # batch 6: HEAD's six backward chunks of one sample each, half the CPU time of the default 12
+    command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--batch", "6", "--ours", "head,six", "--peer-chunks", "2",
                "--warmup", "1", "--cycles", "1", "--peer-last", "--alongside", "nothing", "--profile-arm", "six",
                "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "peer_molmo2_cpu-tiny.json").read_text())
-    assert CONDITIONS <= set(report["conditions"])
+    assert CONDITIONS <= set(report["conditions"]) and report["conditions"]["batch"] == 6
     assert report["conditions"]["order"] == "peer last" and report["conditions"]["alongside"] == "nothing"
     assert report["conditions"]["dtype"].startswith("fp32 (no autocast")  # the CPU trains in fp32: said so
     names = [row["name"] for row in report["rows"]]
