@@ -73,7 +73,8 @@ class GraphShape:
 
 
 @cache
-def _cudnn():
+def cudnn_frontend():
+    """The cudnn-frontend package, or a ValueError saying how to get it (the runner asks before loading a model)."""
     try:
         import cudnn
     except ImportError as error:
@@ -86,14 +87,14 @@ def _cudnn():
 @cache
 def _handle(device: int):
     with torch.cuda.device(device):
-        return _cudnn().create_handle()
+        return cudnn_frontend().create_handle()
 
 
 class _Graph:
     """One built cuDNN graph, its tensors by name, and its workspace size."""
 
     def __init__(self, shape: GraphShape, backward: bool):
-        cudnn = _cudnn()
+        cudnn = cudnn_frontend()
         self.shape, self.handle = shape, _handle(shape.device)
         io = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[shape.dtype]
         graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -145,7 +146,7 @@ class _Graph:
         pack = {self.tensors[name]: tensor for name, tensor in vars(layout).items()}
         pack.update({self.tensors[name]: tensor for name, tensor in buffers.items()})
         workspace = torch.empty(self.workspace_size, dtype=torch.uint8, device=f"cuda:{self.shape.device}")
-        _cudnn().set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
+        cudnn_frontend().set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         self.graph.execute(pack, workspace, handle=self.handle)
 
 

@@ -19,7 +19,8 @@ FlashAttention-2's kernels take 106 ms a step where FlexAttention took 136, and 
 0.608 (molmo2-pack-varlen-h200: default-varlen, 2.07%).
 
 The plans are built on the host once per packed chunk (pack()). On CUDA the calls are torch's FlashAttention
-varlen kernel (bf16/fp16); on the CPU, where that kernel does not exist, each segment is one SDPA call with the same
+varlen kernel (bf16/fp16), or cuDNN's SDPA on the same segments (Segments.kernel "cudnn", pack_attention
+"varlen-cudnn", cudnn_attention.py); on the CPU, where that kernel does not exist, each segment is one SDPA call with the same
 rule as a dense mask: the function the tests check against the padded chunk in fp32."""
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ class Segments:
 
     def on(self, kernel: str) -> "Segments":
         """The same plan on another CUDA kernel."""
-        if kernel not in KERNELS:
-            raise ValueError(f"segments kernel {kernel!r}; allowed: {list(KERNELS)}")
+        assert kernel in KERNELS, kernel  # Execution validates pack_attention, which picks it
         return replace(self, kernel=kernel)
 
 

@@ -120,6 +120,10 @@ class Molmo2Runner:
             if key in config and not self.pack:
                 raise ValueError(f"{key} = {config[key]!r} needs pack = true: it says how a packed chunk is computed; "
                                  f"remove it or set pack = true")
+        if self.execution.pack_attention == "varlen-cudnn" and self.device.type == "cuda":
+            from engine.molmo2.cudnn_attention import cudnn_frontend
+
+            cudnn_frontend()  # a missing package is a config error now, not a failure in the first step
         for key in ("prefix_attention", "suffix_attention"):
             if getattr(self.execution, key) == "flex" and self.device.type != "cuda":
                 raise ValueError(f"{key} = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
