@@ -27,15 +27,30 @@ class JsonUsageErrors(TyperGroup):
     """With --json, a usage error (a missing argument, an unknown option) is the one JSON object on stdout too:
     click would print it to stderr and leave stdout empty, and a tool reading stdout would get nothing to parse."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         words = list(sys.argv[1:] if args is None else args)
         if "--json" not in words:
             return super().main(words, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(words, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as error:  # click's ClickException (typer vendors click)
-            print(json.dumps({"error": error.format_message(), "where": None, "fix": "see `prereg COMMAND --help`", "exit_code": error.exit_code}))
+            print(
+                json.dumps(
+                    {
+                        "error": error.format_message(),
+                        "where": None,
+                        "fix": "see `prereg COMMAND --help`",
+                        "exit_code": error.exit_code,
+                    }
+                )
+            )
             code = error.exit_code
         # Non-standalone click returns an Exit's code (None after a normal return) instead of exiting.
         code = code if isinstance(code, int) else 0
@@ -44,12 +59,21 @@ class JsonUsageErrors(TyperGroup):
         sys.exit(code)
 
 
-app = typer.Typer(cls=JsonUsageErrors, add_completion=False, no_args_is_help=True, help="Experiment governance: pre-register, freeze, run, decide, audit.")
-audit_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Questions about everything registered, run and decided.")
+app = typer.Typer(
+    cls=JsonUsageErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Experiment governance: pre-register, freeze, run, decide, audit.",
+)
+audit_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Questions about everything registered, run and decided."
+)
 app.add_typer(audit_app, name="audit")
 
 DEFAULT_LEDGER = "ledger.db"
-LedgerOption = typer.Option(None, "--ledger", help="ledger path or postgresql:// URL (default ./ledger.db or $PREREG_LEDGER)")
+LedgerOption = typer.Option(
+    None, "--ledger", help="ledger path or postgresql:// URL (default ./ledger.db or $PREREG_LEDGER)"
+)
 JsonOption = typer.Option(False, "--json", help="print one JSON object on stdout and nothing else")
 
 out = Console(highlight=False, soft_wrap=False)
@@ -130,8 +154,15 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
     with verb(as_json):
         reg, _ = load_registration(file)
         refuse_unpaired(reg, str(file))
-        payload = {"id": reg.id, "doc_hash": document_hash(reg), "valid": True, "items": [i.id for i in reg.items],
-                   "rungs": [r.id for r in reg.protocol.rungs], "reads": list(reg.reads), "rules": [r.id for r in reg.rules]}
+        payload = {
+            "id": reg.id,
+            "doc_hash": document_hash(reg),
+            "valid": True,
+            "items": [i.id for i in reg.items],
+            "rungs": [r.id for r in reg.protocol.rungs],
+            "reads": list(reg.reads),
+            "rules": [r.id for r in reg.rules],
+        }
         if emit(as_json, payload):
             return
         print_plan(reg)
@@ -149,28 +180,54 @@ def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -
         reg, raw = load_registration(file)
         with open_ledger(ledger, create=True) as store:
             result = freeze_registration(store, reg, raw, file)
-        payload = {"id": result.reg_id, "doc_hash": result.doc_hash, "head": result.head, "seq": result.seq, "already_frozen": result.already}
+        payload = {
+            "id": result.reg_id,
+            "doc_hash": result.doc_hash,
+            "head": result.head,
+            "seq": result.seq,
+            "already_frozen": result.already,
+        }
         if emit(as_json, payload):
             return
         state = "already frozen (no-op)" if result.already else "frozen"
-        out.print(f"{result.reg_id} {state} · document {result.doc_hash[:16]} · entry {result.seq} · head {result.head[:16]}")
+        out.print(
+            f"{result.reg_id} {state} · document {result.doc_hash[:16]} · entry {result.seq} · head {result.head[:16]}"
+        )
 
 
 @app.command()
-def amend(reg_id: str, file: Path, post_hoc: bool = typer.Option(False, "--post-hoc", help="accept a change to something already measured; flagged forever"),
-          ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+def amend(
+    reg_id: str,
+    file: Path,
+    post_hoc: bool = typer.Option(
+        False, "--post-hoc", help="accept a change to something already measured; flagged forever"
+    ),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
     """Append an amendment to a frozen registration."""
     from prereg.actions import amend as do_amend
 
     with verb(as_json), open_ledger(ledger) as store:
         entry, flagged = do_amend(store, reg_id, file, post_hoc=post_hoc)
-        payload = {"id": reg_id, "version": entry.data["version"], "doc_hash": entry.data["doc_hash"], "changed": entry.data["changed"],
-                   "post_hoc": list(flagged), "seq": entry.seq, "head": entry.head}
+        payload = {
+            "id": reg_id,
+            "version": entry.data["version"],
+            "doc_hash": entry.data["doc_hash"],
+            "changed": entry.data["changed"],
+            "post_hoc": list(flagged),
+            "seq": entry.seq,
+            "head": entry.head,
+        }
         if emit(as_json, payload):
             return
-        out.print(f"{esc(reg_id)} amendment {payload['version']} · changed {esc(', '.join(payload['changed']))} · entry {entry.seq} · head {entry.head[:16]}")
+        out.print(
+            f"{esc(reg_id)} amendment {payload['version']} · changed {esc(', '.join(payload['changed']))} · entry {entry.seq} · head {entry.head[:16]}"
+        )
         if flagged:
-            out.print(f"[bold yellow]POST-HOC[/]: {esc(', '.join(flagged))} — printed on every verdict, report and audit line that depends on it")
+            out.print(
+                f"[bold yellow]POST-HOC[/]: {esc(', '.join(flagged))} — printed on every verdict, report and audit line that depends on it"
+            )
 
 
 @app.command()
@@ -182,9 +239,13 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
         entries = do_record(store, reg_id, file)
         oracles = [e.data for e in entries if e.kind == "oracle"]
         rungs = next(e.data["rungs"] for e in entries if e.kind == "record")
-        payload = {"id": reg_id, "oracles": {o["oracle"]: {"passed": o["passed"], "reason": o["reason"]} for o in oracles},
-                   "rungs": {k: {"status": v["status"], "flagged": v["flagged"]} for k, v in rungs.items()},
-                   "head": entries[-1].head, "seq": entries[-1].seq}
+        payload = {
+            "id": reg_id,
+            "oracles": {o["oracle"]: {"passed": o["passed"], "reason": o["reason"]} for o in oracles},
+            "rungs": {k: {"status": v["status"], "flagged": v["flagged"]} for k, v in rungs.items()},
+            "head": entries[-1].head,
+            "seq": entries[-1].seq,
+        }
         if emit(as_json, payload):
             return
         for o in oracles:
@@ -197,18 +258,33 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
 
 
 @app.command()
-def run(reg_id: str, dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; run nothing"),
-        file: Path = typer.Option(None, "--file", help="the registration file (default: registrations/<frozen file name>)"),
-        budget_s: float = typer.Option(None, "--budget-s", help="stop cleanly before this many seconds and leave the ladder resumable"),
-        gate_only: bool = typer.Option(False, "--gate-only", help="run the oracle gate and stop before the first rung; a later run resumes the ladder"),
-        ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+def run(
+    reg_id: str,
+    dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; run nothing"),
+    file: Path = typer.Option(None, "--file", help="the registration file (default: registrations/<frozen file name>)"),
+    budget_s: float = typer.Option(
+        None, "--budget-s", help="stop cleanly before this many seconds and leave the ladder resumable"
+    ),
+    gate_only: bool = typer.Option(
+        False, "--gate-only", help="run the oracle gate and stop before the first rung; a later run resumes the ladder"
+    ),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
     """Oracle gate, then the ladder; resumes an interrupted ladder."""
     with verb(as_json):
         from engine.ladder import run_ladder
 
         with open_ledger(ledger) as store:
-            summary = run_ladder(store, reg_id, file=file, dry_run=dry_run, budget_s=budget_s,
-                                 console=None if as_json else out, gate_only=gate_only)
+            summary = run_ladder(
+                store,
+                reg_id,
+                file=file,
+                dry_run=dry_run,
+                budget_s=budget_s,
+                console=None if as_json else out,
+                gate_only=gate_only,
+            )
         emit(as_json, summary)
 
 
@@ -223,27 +299,50 @@ def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption)
         if emit(as_json, {**result, "recorded": appended, "head": head}):
             return
         print_verdict(result)
-        out.print(f"verdict {'recorded' if appended else 'unchanged (already recorded)'} · ledger head {head[:16]} (entry {seq})")
+        out.print(
+            f"verdict {'recorded' if appended else 'unchanged (already recorded)'} · ledger head {head[:16]} (entry {seq})"
+        )
 
 
 @app.command()
-def report(reg_id: str, out_dir: Path = typer.Option(None, "--out", help="directory (default reports/<id>)"),
-           compare: str = typer.Option(None, "--compare", metavar="OTHER_ID",
-                                       help="the same question registered with the other protocol.schedule: both cost splits and verdicts side by side"),
-           ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+def report(
+    reg_id: str,
+    out_dir: Path = typer.Option(None, "--out", help="directory (default reports/<id>)"),
+    compare: str = typer.Option(
+        None,
+        "--compare",
+        metavar="OTHER_ID",
+        help="the same question registered with the other protocol.schedule: both cost splits and verdicts side by side",
+    ),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
     """A Markdown and HTML report with plots, and what the ladder cost against its ceiling."""
     with verb(as_json):
-        from engine.report import write_report
+        from engine.report.report import write_report
 
         with open_ledger(ledger) as store:
             paths = write_report(store, reg_id, out_dir or Path("reports") / reg_id, compare=compare)
             summary = None
             if compare:
                 comparison = json.loads((paths[0].parent / "compare.json").read_text(encoding="utf-8"))
-                summary = {"same_verdict": comparison["same_verdict"], "why": comparison["why"],
-                           "sides": [{"id": s["id"], "schedule": s["schedule"], "gpu_s": s["cost"]["gpu_s"], "split": s["cost"]["split"],
-                                      "share_of_ceiling": s["cost"]["share_of_ceiling"], "outcome": s["outcome"], "rule": s["rule"],
-                                      "primary": s["primary"]} for s in comparison["sides"]]}
+                summary = {
+                    "same_verdict": comparison["same_verdict"],
+                    "why": comparison["why"],
+                    "sides": [
+                        {
+                            "id": s["id"],
+                            "schedule": s["schedule"],
+                            "gpu_s": s["cost"]["gpu_s"],
+                            "split": s["cost"]["split"],
+                            "share_of_ceiling": s["cost"]["share_of_ceiling"],
+                            "outcome": s["outcome"],
+                            "rule": s["rule"],
+                            "primary": s["primary"],
+                        }
+                        for s in comparison["sides"]
+                    ],
+                }
         if emit(as_json, {"id": reg_id, "files": [str(p) for p in paths], **({"compare": summary} if summary else {})}):
             return
         for path in paths:
@@ -253,20 +352,32 @@ def report(reg_id: str, out_dir: Path = typer.Option(None, "--out", help="direct
 
 
 def print_comparison(summary: dict[str, Any]) -> None:
-    from engine.report_costs import PARTS
+    from engine.report.costs import PARTS
 
     a, b = summary["sides"]
-    table = Table("device-s", f"{esc(a['id'])} ({a['schedule']})", f"{esc(b['id'])} ({b['schedule']})", title="same question, two schedules")
+    table = Table(
+        "device-s",
+        f"{esc(a['id'])} ({a['schedule']})",
+        f"{esc(b['id'])} ({b['schedule']})",
+        title="same question, two schedules",
+    )
     for name, label in PARTS.items():
         if name in a["split"] or name in b["split"]:
             table.add_row(label, f"{a['split'].get(name, 0.0):.1f}", f"{b['split'].get(name, 0.0):.1f}")
     table.add_row("total (of the ceiling)", *(f"{s['gpu_s']:.1f} ({100 * s['share_of_ceiling']:.1f}%)" for s in (a, b)))
-    table.add_row("verdict", *(esc(f"{s['outcome']} (rule {s['rule']})" if s["outcome"] else "no rule fired") for s in (a, b)))
+    table.add_row(
+        "verdict", *(esc(f"{s['outcome']} (rule {s['rule']})" if s["outcome"] else "no rule fired") for s in (a, b))
+    )
     table.add_row(f"read {esc(a['primary']['read'] or '—')}", *(fmt(s["primary"]["value"]) for s in (a, b)))
     out.print(table)
     same = summary["same_verdict"]
-    out.print("[bold green]both reach the same verdict[/]" if same else "[bold red]the verdicts differ[/]" if same is False
-              else f"[yellow]not comparable yet[/]: {esc(summary['why'])}")
+    out.print(
+        "[bold green]both reach the same verdict[/]"
+        if same
+        else "[bold red]the verdicts differ[/]"
+        if same is False
+        else f"[yellow]not comparable yet[/]: {esc(summary['why'])}"
+    )
 
 
 # --- audit ----------------------------------------------------------------------------------------------------
@@ -286,7 +397,9 @@ def audit_list(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
             table.add_column(name, no_wrap=name in ("id", "outcome"))
         for row in rows:
             outcome = esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
-            table.add_row(esc(row["id"]), row["status"], str(row["versions"]), outcome, esc(row["profile"]), row["frozen"][:19])
+            table.add_row(
+                esc(row["id"]), row["status"], str(row["versions"]), outcome, esc(row["profile"]), row["frozen"][:19]
+            )
         out.print(table)
 
 
@@ -299,28 +412,53 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
         shown = query(store, reg_id)
         if emit(as_json, shown):
             return
-        out.print(f"[bold]{esc(shown['id'])}[/] — {esc(shown['title'])}  ({shown['status']}, profile {esc(shown['profile'])})")
+        out.print(
+            f"[bold]{esc(shown['id'])}[/] — {esc(shown['title'])}  ({shown['status']}, profile {esc(shown['profile'])})"
+        )
         versions = Table("v", "entry", "time", "document", "reason", title="versions")
         for v in shown["versions"]:
-            reason = esc(v["reason"] or "frozen") + (f" [bold yellow]POST-HOC {esc(', '.join(v['post_hoc']))}[/]" if v["post_hoc"] else "")
+            reason = esc(v["reason"] or "frozen") + (
+                f" [bold yellow]POST-HOC {esc(', '.join(v['post_hoc']))}[/]" if v["post_hoc"] else ""
+            )
             versions.add_row(str(v["version"]), str(v["seq"]), v["ts"][:19], v["doc_hash"][:12], reason)
         out.print(versions)
         if shown["oracles"]:
             oracles = Table("oracle", "item", "kind", "result", "observed vs bound", "source", title="oracles")
             for o in shown["oracles"]:
-                oracles.add_row(esc(o["oracle"]), esc(o["item"]), o["kind"], "[green]pass[/]" if o["passed"] else "[red]fail[/]", esc(o["reason"]),
-                                "external" if o["external"] else "engine")
+                oracles.add_row(
+                    esc(o["oracle"]),
+                    esc(o["item"]),
+                    o["kind"],
+                    "[green]pass[/]" if o["passed"] else "[red]fail[/]",
+                    esc(o["reason"]),
+                    "external" if o["external"] else "engine",
+                )
             out.print(oracles)
         if shown["runs"]:
             runs = Table("rung", "run", "status", "windows", "items", "v", "note", title="runs")
             for r in shown["runs"]:
-                note = r["flagged"] and f"[yellow]flagged: {esc(r['flagged'])}[/]" or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}")) or esc(r["provenance"] or "")
-                runs.add_row(esc(r["rung"]), esc(r["run"]), r["status"], str(r["windows"]), esc(",".join(r["items"]) or "—"), str(r["version"]), note)
+                note = (
+                    r["flagged"]
+                    and f"[yellow]flagged: {esc(r['flagged'])}[/]"
+                    or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"))
+                    or esc(r["provenance"] or "")
+                )
+                runs.add_row(
+                    esc(r["rung"]),
+                    esc(r["run"]),
+                    r["status"],
+                    str(r["windows"]),
+                    esc(",".join(r["items"]) or "—"),
+                    str(r["version"]),
+                    note,
+                )
             out.print(runs)
         if shown["verdict"]:
             v = shown["verdict"]
             hits = " ".join(f"{e['n']}{e.get('part') or ''}:{e['result']}" for e in v["expectations"])
-            out.print(f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))} · land {esc(v['land'] or '—')} · park {esc(v['park'] or '—')} · expectations {hits or '—'}")
+            out.print(
+                f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))} · land {esc(v['land'] or '—')} · park {esc(v['park'] or '—')} · expectations {hits or '—'}"
+            )
         if shown["post_hoc"]:
             out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")
         seq, head = store.head()
@@ -328,12 +466,21 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
 
 
 @audit_app.command("verify")
-def audit_verify(published_head: str = typer.Option(None, "--head", help="a head published earlier; truncation past it is caught"),
-                 ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+def audit_verify(
+    published_head: str = typer.Option(None, "--head", help="a head published earlier; truncation past it is caught"),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
     """Recompute the hash chain; name the first bad entry. Exit 4 when it fails."""
     with verb(as_json), open_ledger(ledger) as store:
         report = store.verify(published_head=published_head)
-        payload = {"ok": report.ok, "entries": report.entries, "head": report.head, "first_bad": report.first_bad, "reason": report.reason}
+        payload = {
+            "ok": report.ok,
+            "entries": report.entries,
+            "head": report.head,
+            "first_bad": report.first_bad,
+            "reason": report.reason,
+        }
         if not emit(as_json, payload):
             if report.ok:
                 out.print(f"[green]ok[/] · {report.entries} entries · head {report.head}")
@@ -355,8 +502,16 @@ def audit_costs(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
         table = Table("id", "GPU-s", "ceiling GPU-s", "load", "oracle", "steps", "external", "overrun", title="costs")
         for row in rows:
             split = row["split"]
-            table.add_row(esc(row["id"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""), fmt(row["gpu_s"]), fmt(row["ceiling_gpu_s"]), fmt(split["load"]), fmt(split["oracle"]), fmt(split["steps"]), fmt(split["external"]),
-                          "[red]OVERRUN[/]" if row["overrun"] else "no")
+            table.add_row(
+                esc(row["id"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""),
+                fmt(row["gpu_s"]),
+                fmt(row["ceiling_gpu_s"]),
+                fmt(split["load"]),
+                fmt(split["oracle"]),
+                fmt(split["steps"]),
+                fmt(split["external"]),
+                "[red]OVERRUN[/]" if row["overrun"] else "no",
+            )
         out.print(table)
 
 
@@ -371,15 +526,26 @@ def audit_calibration(ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             return
         table = Table("confidence", "p", "scored", "hits", "hit rate", "undefined", title="calibration")
         for row in result["levels"]:
-            table.add_row(row["confidence"], fmt(row["p"]), str(row["n"]), str(row["hits"]), fmt(row["hit_rate"]), str(row["undefined"]))
+            table.add_row(
+                row["confidence"],
+                fmt(row["p"]),
+                str(row["n"]),
+                str(row["hits"]),
+                fmt(row["hit_rate"]),
+                str(row["undefined"]),
+            )
         out.print(table)
         out.print(f"Brier score {fmt(result['brier'])} over {result['scored']} scored expectations")
         if result["post_hoc"]:
-            out.print(f"[bold yellow]POST-HOC[/]: the verdicts of {esc(', '.join(result['post_hoc']))} stand on post-hoc amendments")
+            out.print(
+                f"[bold yellow]POST-HOC[/]: the verdicts of {esc(', '.join(result['post_hoc']))} stand on post-hoc amendments"
+            )
 
 
 @audit_app.command("export")
-def audit_export(out_file: Path = typer.Option(None, "--out", help="write JSONL here (default: stdout)"), ledger: str = LedgerOption) -> None:
+def audit_export(
+    out_file: Path = typer.Option(None, "--out", help="write JSONL here (default: stdout)"), ledger: str = LedgerOption
+) -> None:
     """Every entry as JSONL (first line: the ledger's name); `import` re-verifies it."""
     with verb(False), open_ledger(ledger) as store:
         if out_file is None:
@@ -408,19 +574,30 @@ def audit_import(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOpt
 
 def print_plan(reg) -> None:
     out.print(f"[bold]{esc(reg.id)}[/] — {esc(reg.title)}")
-    out.print(f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule} · {reg.protocol.steps} steps, "
-              f"log every {reg.protocol.log_every}, discard {reg.protocol.discard_first} · ceiling {reg.cost.ceiling_gpu_h} GPU-h ({reg.cost.on_ceiling})")
+    out.print(
+        f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule} · {reg.protocol.steps} steps, "
+        f"log every {reg.protocol.log_every}, discard {reg.protocol.discard_first} · ceiling {reg.cost.ceiling_gpu_h} GPU-h ({reg.cost.on_ceiling})"
+    )
     if reg.items:
         items = Table("item", "switch", "bitwise", "oracle", "kind", "probe", "bounds", title="items and their oracles")
         for item in reg.items:
             for index, oracle in enumerate(item.oracles):
                 bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in oracle.bounds.items()) or "—"
-                items.add_row(esc(item.id) if index == 0 else "", esc(item.switch) if index == 0 else "", fmt(item.bitwise) if index == 0 else "",
-                              esc(oracle.id), oracle.kind, esc(oracle.probe), esc(bounds))
+                items.add_row(
+                    esc(item.id) if index == 0 else "",
+                    esc(item.switch) if index == 0 else "",
+                    fmt(item.bitwise) if index == 0 else "",
+                    esc(oracle.id),
+                    oracle.kind,
+                    esc(oracle.probe),
+                    esc(bounds),
+                )
         out.print(items)
     rungs = Table("rung", "items", "config", title="ladder")
     for rung in reg.protocol.rungs:
-        rungs.add_row(esc(rung.id), esc(", ".join(rung.items) or "— (baseline)"), esc(json.dumps(reg.rung_config(rung.id))))
+        rungs.add_row(
+            esc(rung.id), esc(", ".join(rung.items) or "— (baseline)"), esc(json.dumps(reg.rung_config(rung.id)))
+        )
     out.print(rungs)
     if reg.protocol.pass_rule:
         out.print(f"pass rule: {esc(reg.protocol.pass_rule)}")
@@ -433,37 +610,59 @@ def print_plan(reg) -> None:
 
 
 def print_verdict(v: dict[str, Any]) -> None:
-    out.print(f"[bold]{esc(v['registration'])}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})")
+    out.print(
+        f"[bold]{esc(v['registration'])}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})"
+    )
     if v["post_hoc"]:
         out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(v['post_hoc']))}")
     if v["dropped"]:
         dropped = Table("item", "cause", "observed vs bound", title="dropped items")
         for item, why in v["dropped"].items():
-            cause = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']} on rung {why['rung']}"
+            cause = (
+                f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']} on rung {why['rung']}"
+            )
             dropped.add_row(esc(item), esc(cause), esc(why["reason"]))
         out.print(dropped)
-    rungs = Table("rung", "items", "status", "windows", "s/step (median \\[min–max])", "vram peak GiB", "note", title="rungs")
+    rungs = Table(
+        "rung", "items", "status", "windows", "s/step (median \\[min–max])", "vram peak GiB", "note", title="rungs"
+    )
     for r in v["rungs"]:
         spread = r["spread"].get("s_per_step")
         step = fmt(r["summary"].get("s_per_step")) + (f" [{spread[0]:.4g}–{spread[1]:.4g}]" if spread else "")
-        rungs.add_row(esc(r["rung"]), esc(", ".join(r["items"]) or "—"), fmt(r["status"]), str(r["windows"]), esc(step),
-                      fmt(r["summary"].get("vram_peak_gib")), esc(r["why_undefined"] or ("external" if r["external"] else "")))
+        rungs.add_row(
+            esc(r["rung"]),
+            esc(", ".join(r["items"]) or "—"),
+            fmt(r["status"]),
+            str(r["windows"]),
+            esc(step),
+            fmt(r["summary"].get("vram_peak_gib")),
+            esc(r["why_undefined"] or ("external" if r["external"] else "")),
+        )
     out.print(rungs)
     if v["until_pass"]:
         for rejected in v["until_pass"]["rejected"]:
             out.print(esc(f"rung {rejected['rung']} {rejected['result']}: {rejected['reason']}"))
-        out.print(f"until-pass: [bold]{esc(v['until_pass']['passed'] or 'none passed')}[/] — {esc(v['until_pass']['reason'])}")
+        out.print(
+            f"until-pass: [bold]{esc(v['until_pass']['passed'] or 'none passed')}[/] — {esc(v['until_pass']['reason'])}"
+        )
     if v["reads"]:
         reads = Table("read", "value", "95% interval", "undefined because", title="reads")
         for name, value in v["reads"].items():
             interval = v["intervals"].get(name)
-            reads.add_row(esc(name), esc(fmt(value)), esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—", esc(v["undefined"].get(name, "")))
+            reads.add_row(
+                esc(name),
+                esc(fmt(value)),
+                esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—",
+                esc(v["undefined"].get(name, "")),
+            )
         out.print(reads)
     for trace in v["rules"]:
         state = "undefined: " + trace["undefined"] if trace["undefined"] else fmt(trace["value"])
         out.print(esc(f"rule {trace['rule']}: {trace['when']} → {state}"))
     if v["rule"]:
-        out.print(f"[bold]outcome: {esc(v['outcome'])}[/] (rule {esc(v['rule'])}) · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}")
+        out.print(
+            f"[bold]outcome: {esc(v['outcome'])}[/] (rule {esc(v['rule'])}) · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}"
+        )
         for entry in v["conditional_land"]:
             state = "undefined: " + entry["undefined"] if entry["undefined"] else fmt(entry["value"])
             landed = "lands" if entry["item"] in v["land"] else "parked"
@@ -474,13 +673,20 @@ def print_verdict(v: dict[str, Any]) -> None:
         exp = Table("n", "claim", "confidence", "result", title="expectations")
         for e in v["expectations"]:
             colour = {"hit": "green", "miss": "red"}.get(e["result"], "yellow")
-            exp.add_row(str(e["n"]) + (e.get("part") or ""), esc(e["claim"]), e["confidence"], f"[{colour}]{e['result']}[/]" + (esc(f" ({e['why']})") if e["why"] else ""))
+            exp.add_row(
+                str(e["n"]) + (e.get("part") or ""),
+                esc(e["claim"]),
+                e["confidence"],
+                f"[{colour}]{e['result']}[/]" + (esc(f" ({e['why']})") if e["why"] else ""),
+            )
         out.print(exp)
     cost = v["cost"]
     overrun = " [red]OVERRUN[/]" if cost["overrun"] else ""
     split = cost["split"]
-    out.print(f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {split['load']:.1f}, oracle {split['oracle']:.1f}, "
-              f"steps {split['steps']:.1f}, external {split['external']:.1f}){overrun}")
+    out.print(
+        f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {split['load']:.1f}, oracle {split['oracle']:.1f}, "
+        f"steps {split['steps']:.1f}, external {split['external']:.1f}){overrun}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Does cuDNN's SDPA run the varlen calls faster than torch's FlashAttention-2? Per call, pack_attention
-"varlen-cudnn"'s kernel (engine/molmo2/cudnn_attention.py) beside "varlen"'s, outside the training step.
+"varlen-cudnn"'s kernel (engine/molmo2/attention/cudnn.py) beside "varlen"'s, outside the training step.
 
 The varlen one-pass step spends 106 ms a step in FlashAttention-2 (bench/results/profile_packed-varlen-one-pass-x2-x34):
 the image runs' call at ~200 TFLOP/s, the text runs' at ~115. cuDNN's Hopper SDPA kernels (the ones the vision
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.flex_configs import timed  # noqa: E402
+from engine.molmo2.attention.segments import varlen_call  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.segments import varlen_call  # noqa: E402
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 
 def largest_joined_plan(profile: str):
@@ -62,10 +62,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     def save(row: dict) -> None:  # after every row: a call that runs out of time still brings back what it finished
         rows.append(row)
         print(json.dumps(row), flush=True)
-        (out_dir / f"cudnn_varlen_probe_{args.profile}.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
+        (out_dir / f"cudnn_varlen_probe_{args.profile}.json").write_text(
+            json.dumps({"conditions": conditions, "rows": rows}, indent=1)
+        )
 
     if device.type != "cuda":
-        save({"name": "setup", "error": f"profile {args.profile} runs on the CPU: cuDNN and FlashAttention are CUDA kernels"})
+        save(
+            {
+                "name": "setup",
+                "error": f"profile {args.profile} runs on the CPU: cuDNN and FlashAttention are CUDA kernels",
+            }
+        )
         return rows
     try:
         import cudnn
@@ -85,7 +92,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         q = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(nk, kv_heads, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
         do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
-        row = {"name": name, "segments": call.cu_q.shape[0] - 1, "queries": nq, "keys": nk, "max_q": call.max_q, "max_k": call.max_k}
+        row = {
+            "name": name,
+            "segments": call.cu_q.shape[0] - 1,
+            "queries": nq,
+            "keys": nk,
+            "max_q": call.max_q,
+            "max_k": call.max_k,
+        }
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         fa_out = varlen_call(*leaves, call)  # FlashAttention-2
         fa_grads = torch.autograd.grad(fa_out, leaves, do)
@@ -102,14 +116,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for grad_name, ours, theirs in zip(("dq", "dk", "dv"), grads, fa_grads):
                 row[f"max_abs_{grad_name}_vs_fa2"] = float((ours.float() - theirs.float()).abs().max())
             stage = "timing"
-            row["cudnn_forward_ms"] = timed(lambda: varlen_call(q, k, v, call, "cudnn"), args.warmup, args.repeats, device) * 1e3
+            row["cudnn_forward_ms"] = (
+                timed(lambda: varlen_call(q, k, v, call, "cudnn"), args.warmup, args.repeats, device) * 1e3
+            )
             row["cudnn_fwd_bwd_ms"] = timed(lambda: torch.autograd.grad(varlen_call(*cudnn_leaves, call, "cudnn"), cudnn_leaves, do),
                                             args.warmup, args.repeats, device) * 1e3  # fmt: skip
             row["error"] = None
         except Exception as error:  # a stage cuDNN refuses is a row with its reason, not a crash
             row["error"] = f"{stage}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
         save(row)
-    print(f"\n{'call':20} {'segs':>5} {'FA2 fwd':>8} {'FA2 f+b':>8} {'cuDNN fwd':>9} {'cuDNN f+b':>9}  max |cuDNN - FA2| (o, dq, dk, dv)")
+    print(
+        f"\n{'call':20} {'segs':>5} {'FA2 fwd':>8} {'FA2 f+b':>8} {'cuDNN fwd':>9} {'cuDNN f+b':>9}  max |cuDNN - FA2| (o, dq, dk, dv)"
+    )
     for row in rows:
         if "segments" not in row:
             print(f"{row['name']:20} {row['error']}")
@@ -118,8 +136,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                        else f"{'—':>9} {'—':>9}")  # fmt: skip
         diffs = ", ".join(f"{row[key]:.3g}" for key in ("max_abs_out_vs_fa2", "max_abs_dq_vs_fa2", "max_abs_dk_vs_fa2",
                                                         "max_abs_dv_vs_fa2") if key in row)  # fmt: skip
-        print(f"{row['name']:20} {row['segments']:5} {row['fa2_forward_ms']:8.3f} {row['fa2_fwd_bwd_ms']:8.3f} {cudnn_times}  "
-              f"{diffs}{'  ' + row['error'] if row.get('error') else ''}")
+        print(
+            f"{row['name']:20} {row['segments']:5} {row['fa2_forward_ms']:8.3f} {row['fa2_fwd_bwd_ms']:8.3f} {cudnn_times}  "
+            f"{diffs}{'  ' + row['error'] if row.get('error') else ''}"
+        )
     return rows
 
 

@@ -6,7 +6,7 @@ batch: seconds per step (the slowest rank's, as a window reports it) and the lar
 
 Conditions: HEAD switches, batch 12 per rank in 6 chunks, cameras {1, 2}, max-crops 1, bf16 autocast, fp32 master
 weights, fused AdamW; `--warmup` steps first (not timed), then one window of `--steps`. Each rank trains its own
-slice of the data (engine/molmo2/workload.py), so two ranks process twice the samples per step.
+slice of the data (engine/molmo2/runner.py), so two ranks process twice the samples per step.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 from engine.workload import join_ranks  # noqa: E402
 
 SYNC = {"ddp": {"ddp": True}, "ddp+allreduce": {"ddp": True, "chunk_grad_allreduce": True, "ddp_wrapper": True},
@@ -49,8 +49,14 @@ def main() -> None:
     runner.train_window(args.warmup, lambda: False)
     window = runner.train_window(args.steps, lambda: False)
     if ranks.writer:
-        row = {"world_size": ranks.world_size, "config": config, "device": torch.cuda.get_device_name(0),
-               "torch": torch.__version__, "warmup": args.warmup, **window}
+        row = {
+            "world_size": ranks.world_size,
+            "config": config,
+            "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "warmup": args.warmup,
+            **window,
+        }
         print(json.dumps(row), flush=True)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,18 @@
 # 45 MiB compressed, and a call carries 64 MiB in all, the wheels (20 MiB) and the tree included.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120
+# The checkout is not pip-installed there, so its workload entry points are written as a distribution's
+# metadata on PYTHONPATH, where importlib.metadata finds them (prereg/registry.py).
+python3 - <<'PY' || exit 1
+import tomllib
+from pathlib import Path
+points = tomllib.loads(Path("pyproject.toml").read_text())["project"]["entry-points"]
+info = Path("/tmp/site/prereg_checkout-0.dist-info")
+info.mkdir(parents=True, exist_ok=True)
+(info / "METADATA").write_text("Metadata-Version: 2.1\nName: prereg-checkout\nVersion: 0\n")
+(info / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in names.items()) for group, names in points.items()))
+PY
 export TORCHINDUCTOR_CACHE_DIR=/tmp/prereg-compile-cache/inductor TRITON_CACHE_DIR=/tmp/prereg-compile-cache/triton
 mkdir -p /tmp/prereg-compile-cache
 

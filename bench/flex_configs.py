@@ -31,8 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.model import prefix_attention_mask, prefix_block_mask  # noqa: E402
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.model.model import prefix_attention_mask, prefix_block_mask  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 # name -> kernel options for flex_attention (None: SDPA peers). "default" is what the fast path asks for today.
 # H200 (sm90) defaults at head_dim 128, bf16: forward BLOCK_M 128, BLOCK_N 64, 3 stages, 8 warps; backward
@@ -41,9 +41,22 @@ CONFIGS: dict[str, dict] = {
     "default": {"BACKEND": "TRITON"},
     "rows-safe": {"BACKEND": "TRITON", "ROWS_GUARANTEED_SAFE": True},  # every query row keeps its own key
     "tma": {"BACKEND": "TRITON", "USE_TMA": True},
-    "fwd-128x128": {"BACKEND": "TRITON", "fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 2},
-    "bwd-64x64-w4": {"BACKEND": "TRITON", "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
-                     "bwd_num_warps": 4, "bwd_num_stages": 3},
+    "fwd-128x128": {
+        "BACKEND": "TRITON",
+        "fwd_BLOCK_M": 128,
+        "fwd_BLOCK_N": 128,
+        "fwd_num_warps": 8,
+        "fwd_num_stages": 2,
+    },
+    "bwd-64x64-w4": {
+        "BACKEND": "TRITON",
+        "bwd_BLOCK_M1": 64,
+        "bwd_BLOCK_N1": 64,
+        "bwd_BLOCK_M2": 64,
+        "bwd_BLOCK_N2": 64,
+        "bwd_num_warps": 4,
+        "bwd_num_stages": 3,
+    },
     "bwd-s2": {"BACKEND": "TRITON", "bwd_num_stages": 2},
     "bwd-s4": {"BACKEND": "TRITON", "bwd_num_stages": 4},
     "bwd-w4": {"BACKEND": "TRITON", "bwd_num_warps": 4},
@@ -54,9 +67,19 @@ PEERS = ("sdpa-dense-mask", "sdpa-causal-flash")
 def largest_prefix(profile: str):
     """(attention_mask, mm_token_type_ids) of the fast path's largest prefix chunk (most real tokens), and the
     decoder's TextConfig."""
-    runner = Molmo2Runner(PROFILES[profile], {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1,
-                                              "prefix_attention": "flex" if PROFILES[profile].device == "cuda" else "sdpa",
-                                              "compile": PROFILES[profile].device == "cuda", "bucket_by_length": True}, seed=0)
+    runner = Molmo2Runner(
+        PROFILES[profile],
+        {
+            "batch": 12,
+            "camera_counts": [1, 2],
+            "max_crops": 1,
+            "backward_chunks": 1,
+            "prefix_attention": "flex" if PROFILES[profile].device == "cuda" else "sdpa",
+            "compile": PROFILES[profile].device == "cuda",
+            "bucket_by_length": True,
+        },
+        seed=0,
+    )
     runner.load_data()
     chunks = [c.prefix for step in runner.pool for c in step.chunks]
     prefix = max(chunks, key=lambda p: int(p.attention_mask.sum()))
@@ -118,11 +141,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     fwd_flops, bwd_flops = attention_flops(dense, heads, head_dim)
     causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None, None].expand(B, 1, S, S)
     causal_flops = attention_flops(causal, heads, head_dim)  # the causal peer's own pairs: less work than the mask's
-    conditions = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-                  "dtype": str(dtype).removeprefix("torch."), "batch": B, "seq": S, "real_tokens": int(attention_mask.sum()),
-                  "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "allowed_pairs_fraction": float(dense.float().mean()),
-                  "block_mask_sparsity_pct": float(block.sparsity()), "warmup": args.warmup, "repeats": args.repeats,
-                  "timing": "median of CUDA-event times per call after warm-up; each flex row compiled afresh"}
+    conditions = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch": B,
+        "seq": S,
+        "real_tokens": int(attention_mask.sum()),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "allowed_pairs_fraction": float(dense.float().mean()),
+        "block_mask_sparsity_pct": float(block.sparsity()),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "timing": "median of CUDA-event times per call after warm-up; each flex row compiled afresh",
+    }
     print("conditions: " + json.dumps(conditions), flush=True)
 
     rows, reference = [], None
@@ -135,40 +169,62 @@ def main(argv: list[str] | None = None) -> list[dict]:
         elif name == "sdpa-dense-mask":
             call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)  # noqa: E731
         else:
+
             def call():
                 with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
         start = time.perf_counter()
         try:
             out = call()
             out.backward(cotangent)
             compile_s = time.perf_counter() - start
-            deviation = None if reference is None or name == "sdpa-causal-flash" else float((out.float() - reference).abs().max())
+            deviation = (
+                None
+                if reference is None or name == "sdpa-causal-flash"
+                else float((out.float() - reference).abs().max())
+            )
             if reference is None and name in CONFIGS:
                 reference = out.detach().float()
             with torch.no_grad():
                 forward_s = timed(call, args.warmup, args.repeats, device)
             both_s = timed(lambda: call().backward(cotangent), args.warmup, args.repeats, device)
             fwd, bwd = causal_flops if name == "sdpa-causal-flash" else (fwd_flops, bwd_flops)
-            row = {"name": name, "kernel_options": CONFIGS.get(name), "first_call_s": compile_s, "forward_ms": forward_s * 1e3,
-                   "fwd_bwd_ms": both_s * 1e3, "forward_tflops": fwd / forward_s / 1e12,
-                   "fwd_bwd_tflops": (fwd + bwd) / both_s / 1e12, "max_abs_vs_default": deviation, "error": None}
+            row = {
+                "name": name,
+                "kernel_options": CONFIGS.get(name),
+                "first_call_s": compile_s,
+                "forward_ms": forward_s * 1e3,
+                "fwd_bwd_ms": both_s * 1e3,
+                "forward_tflops": fwd / forward_s / 1e12,
+                "fwd_bwd_tflops": (fwd + bwd) / both_s / 1e12,
+                "max_abs_vs_default": deviation,
+                "error": None,
+            }
         except Exception as error:  # a configuration the compiler refuses is a row with its reason, not a crash
-            row = {"name": name, "kernel_options": CONFIGS.get(name), "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+            row = {
+                "name": name,
+                "kernel_options": CONFIGS.get(name),
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}",
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
         q.grad = k.grad = v.grad = None
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"flex_configs_{args.profile}.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
+    (out_dir / f"flex_configs_{args.profile}.json").write_text(
+        json.dumps({"conditions": conditions, "rows": rows}, indent=1)
+    )
     print(f"\n{'':20} {'fwd ms':>8} {'fwd TF/s':>8} {'f+b ms':>8} {'f+b TF/s':>8} {'vs default':>10}")
     for row in rows:
         if row["error"]:
             print(f"{row['name']:20} {row['error']}")
             continue
         dev = "—" if row["max_abs_vs_default"] is None else f"{row['max_abs_vs_default']:.1e}"
-        print(f"{row['name']:20} {row['forward_ms']:8.2f} {row['forward_tflops']:8.1f} {row['fwd_bwd_ms']:8.2f} {row['fwd_bwd_tflops']:8.1f} {dev:>10}")
+        print(
+            f"{row['name']:20} {row['forward_ms']:8.2f} {row['forward_tflops']:8.1f} {row['fwd_bwd_ms']:8.2f} {row['fwd_bwd_tflops']:8.1f} {dev:>10}"
+        )
     return rows
 
 

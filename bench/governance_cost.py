@@ -32,8 +32,12 @@ def main() -> None:
         write_s += data.get("ledger_s", 0.0)
         step_s += data["steps"] * data["s_per_step"]
         windows += 1
-    print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}")
-    print(f"{windows} windows · writing windows {write_s * 1e3:.1f} ms · steps {step_s:.2f} s · share {write_s / step_s:.3%}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}"
+    )
+    print(
+        f"{windows} windows · writing windows {write_s * 1e3:.1f} ms · steps {step_s:.2f} s · share {write_s / step_s:.3%}"
+    )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,11 @@ def conditions(ledger: Ledger) -> None:
         level = conn.exec_driver_sql("PRAGMA synchronous").scalar()
         synchronous = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[level]
     print(f"machine: {cpu_model()} x {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
-    print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version} "
-          f"(WAL-reset race affected: {sqlite_wal_reset_affected(sqlite3.sqlite_version_info)}; "
-          "writers and checkpoints serialized by flock)")
+    print(
+        f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version} "
+        f"(WAL-reset race affected: {sqlite_wal_reset_affected(sqlite3.sqlite_version_info)}; "
+        "writers and checkpoints serialized by flock)"
+    )
     print(f"journal_mode={journal}, synchronous={synchronous}")
 
 
@@ -124,8 +126,10 @@ def bench_big(directory: Path, entries: int) -> None:
     lifecycle = list(ledger.entries(reg_id="show-me", kinds=NON_WINDOW_KINDS))
     seconds = time.perf_counter() - start
     assert sum(per_run.values()) == SHOW_WINDOWS and len(lifecycle) == 2 * SHOW_RUNS + 6, (per_run, len(lifecycle))
-    print(f"{'audit show proxy: count_by + non-window entries':<52} {seconds * 1000:8.1f} ms "
-          f"({SHOW_WINDOWS:,} windows in {len(per_run)} runs, {len(lifecycle)} other entries; target < 200 ms)")
+    print(
+        f"{'audit show proxy: count_by + non-window entries':<52} {seconds * 1000:8.1f} ms "
+        f"({SHOW_WINDOWS:,} windows in {len(per_run)} runs, {len(lifecycle)} other entries; target < 200 ms)"
+    )
     ledger.close()
 
 

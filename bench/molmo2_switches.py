@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine.molmo2.collate import token_counts  # noqa: E402
+from engine.molmo2.data.collate import token_counts  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 SETTINGS = [
     ("HEAD", ()),
@@ -35,7 +35,17 @@ SETTINGS = [
     ("P3b branchless lookup", ("branchless_extension_lookup",)),
     ("P3c masked sums", ("masked_loss_sums",)),
     ("P4 no clone", ("no_embed_clone",)),
-    ("all six", ("suffix_cudnn", "windowed_vram_peak", "device_assert_patch_count", "branchless_extension_lookup", "masked_loss_sums", "no_embed_clone")),
+    (
+        "all six",
+        (
+            "suffix_cudnn",
+            "windowed_vram_peak",
+            "device_assert_patch_count",
+            "branchless_extension_lookup",
+            "masked_loss_sums",
+            "no_embed_clone",
+        ),
+    ),
     ("HEAD again", ()),
 ]
 
@@ -47,14 +57,23 @@ def conditions(runner: Molmo2Runner, args) -> dict:
     suffix = [n for c in counts for n in c.suffix_lengths]
     return {
         "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-        "cudnn": torch.backends.cudnn.version() if cuda else None, "python": platform.python_version(),
-        "profile": args.profile, "geometry": runner.geometry.model, "dtype": "fp32 master weights, bf16 autocast" if cuda else "fp32",
-        "optimizer": "AdamW (fused)" if cuda else "AdamW", "batch": runner.train_config.batch, "backward_chunks": runner.train_config.backward_chunks,
-        "camera_counts": list(runner.camera_counts), "max_crops": runner.max_crops,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "python": platform.python_version(),
+        "profile": args.profile,
+        "geometry": runner.geometry.model,
+        "dtype": "fp32 master weights, bf16 autocast" if cuda else "fp32",
+        "optimizer": "AdamW (fused)" if cuda else "AdamW",
+        "batch": runner.train_config.batch,
+        "backward_chunks": runner.train_config.backward_chunks,
+        "camera_counts": list(runner.camera_counts),
+        "max_crops": runner.max_crops,
         "prefix_tokens": {"min": min(prefix), "median": statistics.median(prefix), "max": max(prefix)},
         "suffix_tokens": {"min": min(suffix), "median": statistics.median(suffix), "max": max(suffix)},
-        "warmup_steps": args.warmup, "timed_steps": args.steps, "pool_steps": len(runner.pool),
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "pool_steps": len(runner.pool),
     }
 
 
@@ -69,7 +88,11 @@ def main() -> None:
     args = parser.parse_args()
 
     start = time.monotonic()
-    runner = Molmo2Runner(PROFILES[args.profile], {"batch": args.batch, "backward_chunks": args.chunks, "camera_counts": [1, 2], "max_crops": 1}, seed=0)
+    runner = Molmo2Runner(
+        PROFILES[args.profile],
+        {"batch": args.batch, "backward_chunks": args.chunks, "camera_counts": [1, 2], "max_crops": 1},
+        seed=0,
+    )
     runner.load()
     load_s = time.monotonic() - start
     info = conditions(runner, args)
@@ -79,8 +102,25 @@ def main() -> None:
         runner.set_switches(switches)
         runner.train_window(args.warmup, lambda: False)
         window = runner.train_window(args.steps, lambda: False)
-        rows.append({"setting": name, "switches": list(switches), **{k: window.get(k) for k in (
-            "s_per_step", "tokens_per_s", "loss", "finite", "vram_peak_gib", "vram_window_peak_gib", "vram_reserved_peak_gib", "smi_peak_mib")}})
+        rows.append(
+            {
+                "setting": name,
+                "switches": list(switches),
+                **{
+                    k: window.get(k)
+                    for k in (
+                        "s_per_step",
+                        "tokens_per_s",
+                        "loss",
+                        "finite",
+                        "vram_peak_gib",
+                        "vram_window_peak_gib",
+                        "vram_reserved_peak_gib",
+                        "smi_peak_mib",
+                    )
+                },
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     result = {"conditions": info, "rows": rows}
     out = Path(args.out)
@@ -92,8 +132,10 @@ def main() -> None:
     print(f"\n{'setting':24} {'s/step':>8} {'vs HEAD':>8} {'tok/s':>9} {'peak GiB':>9} {'win GiB':>8} {'loss':>7}")
     for row in rows:
         win = row["vram_window_peak_gib"]
-        print(f"{row['setting']:24} {row['s_per_step']:8.4f} {row['s_per_step'] / head - 1:+8.1%} {row['tokens_per_s']:9.0f} "
-              f"{row['vram_peak_gib']:9.2f} {win if win is not None else float('nan'):8.2f} {row['loss']:7.3f}")
+        print(
+            f"{row['setting']:24} {row['s_per_step']:8.4f} {row['s_per_step'] / head - 1:+8.1%} {row['tokens_per_s']:9.0f} "
+            f"{row['vram_peak_gib']:9.2f} {win if win is not None else float('nan'):8.2f} {row['loss']:7.3f}"
+        )
 
 
 if __name__ == "__main__":

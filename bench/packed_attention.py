@@ -40,10 +40,7 @@ import torch  # noqa: E402
 from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 from bench.flex_configs import attention_flops, timed  # noqa: E402
-from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.model import continuation_block_mask, continuation_mask, prefix_attention_mask, prefix_block_mask  # noqa: E402
-from engine.molmo2.segments import Segments, attend_segments, segments_mask  # noqa: E402
-from engine.molmo2.packing import (  # noqa: E402
+from engine.molmo2.attention.packing import (  # noqa: E402
     Packing,
     block_mask_from_pairs,
     packed_prefix_block_mask,
@@ -51,14 +48,27 @@ from engine.molmo2.packing import (  # noqa: E402
     packed_suffix_block_mask,
     packed_suffix_mask,
 )
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.attention.segments import attend_segments, segments_mask  # noqa: E402
+from engine.molmo2.declaration import PROFILES  # noqa: E402
+from engine.molmo2.model.model import (
+    continuation_block_mask,
+    continuation_mask,
+    prefix_attention_mask,
+    prefix_block_mask,
+)  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 BASE = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1}
 
 
 def steps(profile: str, pack: bool):
     flex = PROFILES[profile].device == "cuda"
-    config = {**BASE, "pack": pack, "compile": flex, **({"prefix_attention": "flex", "suffix_attention": "flex"} if flex else {})}
+    config = {
+        **BASE,
+        "pack": pack,
+        "compile": flex,
+        **({"prefix_attention": "flex", "suffix_attention": "flex"} if flex else {}),
+    }
     runner = Molmo2Runner(PROFILES[profile], config, seed=0)
     runner.load_data()
     return [step.chunks[0] for step in runner.pool], runner.config.text
@@ -66,11 +76,17 @@ def steps(profile: str, pack: bool):
 
 def pad_packing(packing: Packing, image: torch.Tensor, multiple: int) -> tuple[Packing, torch.Tensor]:
     """The packed rows lengthened to a multiple of `multiple` with tail padding (document -1, not image)."""
+
     def grow(t: torch.Tensor, fill: int) -> torch.Tensor:
         extra = -t.shape[1] % multiple
         return torch.cat([t, torch.full((1, extra), fill, dtype=t.dtype, device=t.device)], dim=1)
-    return Packing(grow(packing.prefix_doc, -1), grow(packing.prefix_pos, 0), grow(packing.suffix_doc, -1),
-                   grow(packing.suffix_pos, 0)), grow(image, 0)
+
+    return Packing(
+        grow(packing.prefix_doc, -1),
+        grow(packing.prefix_pos, 0),
+        grow(packing.suffix_doc, -1),
+        grow(packing.suffix_pos, 0),
+    ), grow(image, 0)
 
 
 def document_spans(doc: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,12 +138,20 @@ def variants(padded, packed):
     """row name -> (batch, query length, key length, block mask builder, dense mask builder), prefix and suffix rows."""
     p, s = padded.prefix, padded.suffix
     rows = {
-        "prefix padded": (p.input_ids.shape[0], p.input_ids.shape[1], p.input_ids.shape[1],
-                          lambda: prefix_block_mask(p.attention_mask, p.mm_token_type_ids),
-                          lambda: prefix_attention_mask(p.attention_mask, p.mm_token_type_ids)),
-        "suffix padded": (s.input_ids.shape[0], s.input_ids.shape[1], p.input_ids.shape[1] + s.input_ids.shape[1],
-                          lambda: continuation_block_mask(p.attention_mask, s.attention_mask),
-                          lambda: continuation_mask(p.attention_mask, s.attention_mask)),
+        "prefix padded": (
+            p.input_ids.shape[0],
+            p.input_ids.shape[1],
+            p.input_ids.shape[1],
+            lambda: prefix_block_mask(p.attention_mask, p.mm_token_type_ids),
+            lambda: prefix_attention_mask(p.attention_mask, p.mm_token_type_ids),
+        ),
+        "suffix padded": (
+            s.input_ids.shape[0],
+            s.input_ids.shape[1],
+            p.input_ids.shape[1] + s.input_ids.shape[1],
+            lambda: continuation_block_mask(p.attention_mask, s.attention_mask),
+            lambda: continuation_mask(p.attention_mask, s.attention_mask),
+        ),
     }
     image = packed.prefix.mm_token_type_ids
     for suffix_name, multiple in (("", 1), ("-128", 128)):
@@ -135,10 +159,28 @@ def variants(padded, packed):
         Np, Ns = packing.prefix_doc.shape[1], packing.suffix_doc.shape[1]
         dense_p = lambda k=packing, i=image_ids: packed_prefix_mask(k, i)  # noqa: E731
         dense_s = lambda k=packing: packed_suffix_mask(k)  # noqa: E731
-        rows[f"prefix packed{suffix_name}"] = (1, Np, Np, lambda k=packing, i=image_ids: packed_prefix_block_mask(k, i), dense_p)
-        rows[f"prefix packed-bounds{suffix_name}"] = (1, Np, Np, lambda k=packing, i=image_ids: bounds_prefix_block_mask(k, i), dense_p)
+        rows[f"prefix packed{suffix_name}"] = (
+            1,
+            Np,
+            Np,
+            lambda k=packing, i=image_ids: packed_prefix_block_mask(k, i),
+            dense_p,
+        )
+        rows[f"prefix packed-bounds{suffix_name}"] = (
+            1,
+            Np,
+            Np,
+            lambda k=packing, i=image_ids: bounds_prefix_block_mask(k, i),
+            dense_p,
+        )
         rows[f"suffix packed{suffix_name}"] = (1, Ns, Np + Ns, lambda k=packing: packed_suffix_block_mask(k), dense_s)
-        rows[f"suffix packed-bounds{suffix_name}"] = (1, Ns, Np + Ns, lambda k=packing: bounds_suffix_block_mask(k), dense_s)
+        rows[f"suffix packed-bounds{suffix_name}"] = (
+            1,
+            Ns,
+            Np + Ns,
+            lambda k=packing: bounds_suffix_block_mask(k),
+            dense_s,
+        )
     k = packed.packing
     Np, Ns = k.prefix_doc.shape[1], k.suffix_doc.shape[1]
     joined, joined_types = k.joined(image)
@@ -147,8 +189,20 @@ def variants(padded, packed):
     # varlen rows: (plan, the flex block mask it is checked against) in place of a block mask
     rows["prefix varlen"] = (1, Np, Np, lambda: (k.segments.prefix, packed_prefix_block_mask(k, image)),
                              lambda: packed_prefix_mask(k, image))  # fmt: skip
-    rows["suffix varlen"] = (1, Ns, Np + Ns, lambda: (k.segments.suffix, packed_suffix_block_mask(k)), lambda: packed_suffix_mask(k))
-    rows["joined varlen"] = (1, Np + Ns, Np + Ns, lambda: (k.segments.joined, packed_prefix_block_mask(joined, joined_types)), dense_j)
+    rows["suffix varlen"] = (
+        1,
+        Ns,
+        Np + Ns,
+        lambda: (k.segments.suffix, packed_suffix_block_mask(k)),
+        lambda: packed_suffix_mask(k),
+    )
+    rows["joined varlen"] = (
+        1,
+        Np + Ns,
+        Np + Ns,
+        lambda: (k.segments.joined, packed_prefix_block_mask(joined, joined_types)),
+        dense_j,
+    )
     return rows
 
 
@@ -165,19 +219,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
     padded_steps, _ = steps(args.profile, pack=False)
     largest = max(range(len(packed_steps)), key=lambda k: packed_steps[k].prefix.input_ids.shape[1])
     packed = replace(packed_steps[largest], packing=packed_steps[largest].packing.to(device))
-    packed = replace(packed, prefix=replace(packed.prefix, mm_token_type_ids=packed.prefix.mm_token_type_ids.to(device)))
+    packed = replace(
+        packed, prefix=replace(packed.prefix, mm_token_type_ids=packed.prefix.mm_token_type_ids.to(device))
+    )
     padded = padded_steps[largest]
-    padded = replace(padded, prefix=replace(padded.prefix, attention_mask=padded.prefix.attention_mask.to(device),
-                                            mm_token_type_ids=padded.prefix.mm_token_type_ids.to(device)),
-                     suffix=replace(padded.suffix, attention_mask=padded.suffix.attention_mask.to(device)))
+    padded = replace(
+        padded,
+        prefix=replace(
+            padded.prefix,
+            attention_mask=padded.prefix.attention_mask.to(device),
+            mm_token_type_ids=padded.prefix.mm_token_type_ids.to(device),
+        ),
+        suffix=replace(padded.suffix, attention_mask=padded.suffix.attention_mask.to(device)),
+    )
     heads, kv_heads, head_dim = text.num_heads, text.num_kv_heads, text.head_dim
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows_spec = variants(padded, packed)
     names = [n for n in args.only.split(",") if n] or list(rows_spec)
-    conditions = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-                  "dtype": str(dtype).removeprefix("torch."), "step": largest, "heads": heads, "kv_heads": kv_heads,
-                  "head_dim": head_dim, "warmup": args.warmup, "repeats": args.repeats, "layers_per_step": text.num_layers,
-                  "timing": "median of CUDA-event times per call after warm-up; flex compiled afresh per row"}
+    conditions = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "step": largest,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "layers_per_step": text.num_layers,
+        "timing": "median of CUDA-event times per call after warm-up; flex compiled afresh per row",
+    }
     print("conditions: " + json.dumps(conditions), flush=True)
     options = {"BACKEND": "TRITON"} if device.type == "cuda" else None
     rows, out_dir = [], Path(args.out)
@@ -199,7 +270,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             dense = dense_builder()
             fwd_flops, bwd_flops = attention_flops(dense, heads, head_dim)
             compiled = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
-            flex_call = lambda q=q, k=k, v=v: compiled(q, k, v, block_mask=block, enable_gqa=True, kernel_options=options)  # noqa: E731
+            flex_call = lambda q=q, k=k, v=v: compiled(
+                q, k, v, block_mask=block, enable_gqa=True, kernel_options=options
+            )  # noqa: E731
             call = flex_call if plan is None else (lambda: attend_segments(q, k, v, plan))
             out = call()
             versus_flex = None
@@ -216,19 +289,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
             with torch.no_grad():
                 forward_s = timed(call, args.warmup, args.repeats, device)
             both_s = timed(lambda: call().backward(cotangent), args.warmup, args.repeats, device)
-            row = {"name": name, "q": [batch, q_len], "kv": kv_len, "mask_build_s": mask_s,
-                   "partial_blocks": None if plan else int(block.kv_num_blocks.sum()),
-                   "full_blocks": None if plan else int(block.full_kv_num_blocks.sum()), "max_abs_vs_flex": versus_flex,
-                   "forward_ms": forward_s * 1e3, "fwd_bwd_ms": both_s * 1e3, "step_ms": both_s * 1e3 * text.num_layers,
-                   "forward_tflops": fwd_flops / forward_s / 1e12, "fwd_bwd_tflops": (fwd_flops + bwd_flops) / both_s / 1e12,
-                   "first_call_s": first_call_s, "error": None}
+            row = {
+                "name": name,
+                "q": [batch, q_len],
+                "kv": kv_len,
+                "mask_build_s": mask_s,
+                "partial_blocks": None if plan else int(block.kv_num_blocks.sum()),
+                "full_blocks": None if plan else int(block.full_kv_num_blocks.sum()),
+                "max_abs_vs_flex": versus_flex,
+                "forward_ms": forward_s * 1e3,
+                "fwd_bwd_ms": both_s * 1e3,
+                "step_ms": both_s * 1e3 * text.num_layers,
+                "forward_tflops": fwd_flops / forward_s / 1e12,
+                "fwd_bwd_tflops": (fwd_flops + bwd_flops) / both_s / 1e12,
+                "first_call_s": first_call_s,
+                "error": None,
+            }
         except Exception as error:  # a row the compiler refuses is a row with its reason, not a crash
             row = {"name": name, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
         # after every row: a device call that runs out of time still brings back the rows it finished
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"packed_attention_{args.profile}.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
+        (out_dir / f"packed_attention_{args.profile}.json").write_text(
+            json.dumps({"conditions": conditions, "rows": rows}, indent=1)
+        )
     print(f"\n{'':30} {'blocks p/f':>11} {'fwd ms':>7} {'f+b ms':>7} {'x layers':>8} {'f+b TF/s':>8}")
     for row in rows:
         if row["error"]:
@@ -236,8 +321,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         blocks = "varlen" if row["partial_blocks"] is None else f"{row['partial_blocks']:5}/{row['full_blocks']:<5}"
         versus = "" if row["max_abs_vs_flex"] is None else f"  max |varlen - flex| {row['max_abs_vs_flex']:.3g}"
-        print(f"{row['name']:30} {blocks:>11} {row['forward_ms']:7.2f} {row['fwd_bwd_ms']:7.2f} "
-              f"{row['step_ms']:8.1f} {row['fwd_bwd_tflops']:8.1f}{versus}")
+        print(
+            f"{row['name']:30} {blocks:>11} {row['forward_ms']:7.2f} {row['fwd_bwd_ms']:7.2f} "
+            f"{row['step_ms']:8.1f} {row['fwd_bwd_tflops']:8.1f}{versus}"
+        )
     return rows
 
 

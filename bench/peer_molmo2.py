@@ -17,7 +17,7 @@ MFU = FLOPs / s_per_step / measured bf16 matmul rate.
 
 Our arms (OURS below) differ from HEAD only by switches and run config: FlexAttention for the prefix, compiled
 decoder blocks, length-bucketed steps (or HEAD's steps cut into chunks by camera count), fewer backward chunks
-(engine/molmo2/execution.py). Each arm loads its own runner (its own pool: bucketing regroups the same 48 samples
+(engine/molmo2/attention/execution.py). Each arm loads its own runner (its own pool: bucketing regroups the same 48 samples
 into other steps), so every arm and the peer see the same samples per pass of the pool.
 
     python bench/peer_molmo2.py --profile h200-4b --ours head,fast-c2 --peer-chunks 6 [--warmup 4 --cycles 3]
@@ -36,13 +36,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from molmo2_peer import transformers_config, transformers_inputs  # noqa: E402
 
+from engine.molmo2.attention.packing import packed_prefix_mask, packed_suffix_mask  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.peer import transformers_config, transformers_inputs  # noqa: E402
-from engine.molmo2.model import Molmo2Model, prefix_attention_mask  # noqa: E402
-from engine.molmo2.packing import packed_prefix_mask, packed_suffix_mask  # noqa: E402
-from engine.molmo2.train import autocast, synchronize  # noqa: E402
-from engine.molmo2.workload import Molmo2Runner  # noqa: E402
+from engine.molmo2.model.model import Molmo2Model, prefix_attention_mask  # noqa: E402
+from engine.molmo2.runner import Molmo2Runner  # noqa: E402
+from engine.molmo2.train.step import autocast, synchronize  # noqa: E402
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -90,7 +90,9 @@ def step_flops(runner: Molmo2Runner) -> float:
     t = config.text
     with torch.device("meta"):  # parameter counts only
         params = dict(Molmo2Model(config).named_parameters())
-    trainable = sum(p.numel() for n, p in params.items() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f.")))
+    trainable = sum(
+        p.numel() for n, p in params.items() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f."))
+    )
     vision = sum(p.numel() for n, p in params.items() if n.startswith("model.vision_backbone."))
     total = 0.0
     for step in runner.pool:
@@ -163,7 +165,10 @@ def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
         if train:
             trainable.append(p)
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
-    inputs = [[{k: v.to(device) for k, v in transformers_inputs(chunk, runner.config).items()} for chunk in step.chunks] for step in runner.pool]
+    inputs = [
+        [{k: v.to(device) for k, v in transformers_inputs(chunk, runner.config).items()} for chunk in step.chunks]
+        for step in runner.pool
+    ]
     model.train()
 
     def step(chunks):
@@ -179,8 +184,14 @@ def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
     return model, step, inputs
 
 
-ALL_SIX = ("suffix_cudnn", "windowed_vram_peak", "device_assert_patch_count", "branchless_extension_lookup",
-           "masked_loss_sums", "no_embed_clone")
+ALL_SIX = (
+    "suffix_cudnn",
+    "windowed_vram_peak",
+    "device_assert_patch_count",
+    "branchless_extension_lookup",
+    "masked_loss_sums",
+    "no_embed_clone",
+)
 FAST = {"prefix_attention": "flex", "compile": True, "bucket_by_length": True}
 # name -> (run config on top of the base, switches). The base is seed 000's: batch 12, cameras {1, 2}, max-crops 1.
 OURS = {
@@ -194,60 +205,125 @@ OURS = {
     "fast-c1": ({"backward_chunks": 1, **FAST}, ALL_SIX),
     # The fast path on HEAD's own steps (chunk_by_cameras): each step keeps its samples and is cut into chunks by
     # camera count, so it trains as HEAD does (bucket_by_length's steps regroup the samples: another trajectory)
-    "fast-c1-same-steps": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True}, ALL_SIX),
+    "fast-c1-same-steps": (
+        {"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
+        ALL_SIX,
+    ),
     # ... compiled with automatic dynamic shapes: fewer compilations for HEAD's many chunk shapes (warm-up times
     # in the row say what it saves); whether its kernels are as fast is the s/step beside fast-c1-same-steps
-    "fast-c1-same-steps-dyn": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True,
-                                "compile_dynamic": True}, ALL_SIX),
+    "fast-c1-same-steps-dyn": (
+        {
+            "backward_chunks": 1,
+            "prefix_attention": "flex",
+            "compile": True,
+            "chunk_by_cameras": True,
+            "compile_dynamic": True,
+        },
+        ALL_SIX,
+    ),
     # X1 on top: the frozen ViT's attention in bf16 (a numerics change: an item with oracles before it lands)
     "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
     # X2 on top: the same on fp16 inputs (X1's successor: 3 more bits of mantissa, the same FLASH kernel family)
     "fast-c1-x2": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_fp16_attention")),
     # ... and the suffix's attention on FlexAttention too (its dense mask runs SDPA's MATH: 35 ms a step)
     "fast-c1-x2-sflex": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"}, (*ALL_SIX, "vit_fp16_attention")),
-    "fast-c1-same-steps-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
-                              (*ALL_SIX, "vit_fp16_attention")),
+    "fast-c1-same-steps-x2": (
+        {"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
+        (*ALL_SIX, "vit_fp16_attention"),
+    ),
     # HEAD's steps packed (packing.py): each step's 12 samples end to end in one chunk, no compute on padding and
     # no gradient accumulation; both attentions on FlexAttention (dense masks over a packed row of ~12k tokens
     # would not fit)
-    "packed-x2": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
-                  (*ALL_SIX, "vit_fp16_attention")),
+    "packed-x2": (
+        {"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
+        (*ALL_SIX, "vit_fp16_attention"),
+    ),
     # X3 (the pooling attention as fp32 arithmetic) and X4 (the clip folded into the fused AdamW) on top: numerics
     # items, each with its CPU tests; landing them is a ladder's question
-    "fast-c1-x2-sflex-x34": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"},
-                             (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
-    "packed-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
-                      (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "fast-c1-x2-sflex-x34": (
+        {"backward_chunks": 1, **FAST, "suffix_attention": "flex"},
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
+    "packed-x2-x34": (
+        {"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
     # ... its packed rows whole FlexAttention tiles (pack_multiple 128): no bounds checks in the attention kernels,
     # for at most 127 tail tokens a row
     # ... attending on one row per sample, gathered from the packed row and back (pack_attention "rows"): the
     # padded chunk's attention cost, the packed chunk's matmuls
-    "packed-rows-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
-                            "pack_attention": "rows"}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-rows-x2-x34": (
+        {
+            "backward_chunks": 1,
+            "prefix_attention": "flex",
+            "suffix_attention": "flex",
+            "compile": True,
+            "pack": True,
+            "pack_attention": "rows",
+        },
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
     # ... the prefix and suffix rows joined through every block but the last (pack_one_pass): one matmul per weight
     # a layer, one cast, no gradient accumulation; and with the attention on per-sample rows too
-    "packed-one-pass-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
-                                "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
-    "packed-rows-one-pass-x2-x34": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True,
-                                     "pack": True, "pack_attention": "rows", "pack_one_pass": True},
-                                    (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
-    "packed-x2-x34-128": ({"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True,
-                           "pack_multiple": 128}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-one-pass-x2-x34": (
+        {
+            "backward_chunks": 1,
+            "prefix_attention": "flex",
+            "suffix_attention": "flex",
+            "compile": True,
+            "pack": True,
+            "pack_one_pass": True,
+        },
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
+    "packed-rows-one-pass-x2-x34": (
+        {
+            "backward_chunks": 1,
+            "prefix_attention": "flex",
+            "suffix_attention": "flex",
+            "compile": True,
+            "pack": True,
+            "pack_attention": "rows",
+            "pack_one_pass": True,
+        },
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
+    "packed-x2-x34-128": (
+        {
+            "backward_chunks": 1,
+            "prefix_attention": "flex",
+            "suffix_attention": "flex",
+            "compile": True,
+            "pack": True,
+            "pack_multiple": 128,
+        },
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
     # ... the packed rows' attention as FlashAttention varlen calls on segments (pack_attention "varlen"), in two
     # passes and in one
-    "packed-varlen-x2-x34": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen"},
-                             (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
-    "packed-varlen-one-pass-x2-x34": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen",
-                                       "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw")),
+    "packed-varlen-x2-x34": (
+        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen"},
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
+    "packed-varlen-one-pass-x2-x34": (
+        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen", "pack_one_pass": True},
+        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
+    ),
     # ... X3 out (it failed its one-step loss oracle at 4B: molmo2-x34-h200), and the varlen segments on cuDNN's SDPA
     # (pack_attention "varlen-cudnn") beside FlashAttention-2's
-    "packed-varlen-one-pass-x2-x4": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen",
-                                      "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw")),
+    "packed-varlen-one-pass-x2-x4": (
+        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen", "pack_one_pass": True},
+        (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
+    ),
     # ... and with only what landed (X4 passed its oracle but molmo2-x34-h200 parked it with X3): the S-bundle, X2
-    "packed-varlen-cudnn-one-pass-x2": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn",
-                                         "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention")),
-    "packed-varlen-cudnn-one-pass-x2-x4": ({"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn",
-                                            "pack_one_pass": True}, (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw")),
+    "packed-varlen-cudnn-one-pass-x2": (
+        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn", "pack_one_pass": True},
+        (*ALL_SIX, "vit_fp16_attention"),
+    ),
+    "packed-varlen-cudnn-one-pass-x2-x4": (
+        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn", "pack_one_pass": True},
+        (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
+    ),
 }
 
 
@@ -267,12 +343,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=12)
     parser.add_argument("--ours", default="head,fast-c2", help=f"comma-separated, from {sorted(OURS)}")
     parser.add_argument("--peer-chunks", default="6", help="comma-separated chunk counts for the peer ('' for none)")
-    parser.add_argument("--warmup", type=int, default=4, help="warm-up steps (a compiled run compiles each new shape here)")
+    parser.add_argument(
+        "--warmup", type=int, default=4, help="warm-up steps (a compiled run compiles each new shape here)"
+    )
     parser.add_argument("--cycles", type=int, default=3, help="timed passes over the 4-step pool (3 = 12 timed steps)")
     parser.add_argument("--peer-attention", default="sdpa")
-    parser.add_argument("--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing")
+    parser.add_argument(
+        "--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing"
+    )
     parser.add_argument("--peer-last", action="store_true", help="time the peer after our arms (default: first)")
-    parser.add_argument("--alongside", default="", help="what else ran on the host meanwhile (recorded in the conditions)")
+    parser.add_argument(
+        "--alongside", default="", help="what else ran on the host meanwhile (recorded in the conditions)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
     unknown = set(args.ours.split(",")) - set(OURS)
@@ -285,27 +367,55 @@ def main() -> None:
     import transformers
 
     conditions = {
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
-        "transformers": transformers.__version__, "batch": args.batch, "camera_counts": [1, 2], "max_crops": 1,
-        "warmup": args.warmup, "timed_steps": None, "dtype": "fp32 master weights, bf16 autocast, fused AdamW" if device.type == "cuda" else "fp32 (no autocast on a CPU), AdamW",
-        "peer_attention": args.peer_attention, "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None,
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "transformers": transformers.__version__,
+        "batch": args.batch,
+        "camera_counts": [1, 2],
+        "max_crops": 1,
+        "warmup": args.warmup,
+        "timed_steps": None,
+        "dtype": "fp32 master weights, bf16 autocast, fused AdamW"
+        if device.type == "cuda"
+        else "fp32 (no autocast on a CPU), AdamW",
+        "peer_attention": args.peer_attention,
+        "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None,
         "s_per_step": "mean over whole passes of the pool (every arm sees the same pool of samples); median beside it",
-        "order": "peer last" if args.peer_last else "peer first", "alongside": args.alongside or None,
+        "order": "peer last" if args.peer_last else "peer first",
+        "alongside": args.alongside or None,
     }
     rows = []
 
     def record(name: str, runner: Molmo2Runner, times, peak, load_s: float, error: str | None = None):
         warm, times = times if times else (None, None)
         retries = torch.cuda.memory_stats().get("num_alloc_retries") if device.type == "cuda" else None
-        row = {"name": name, "load_s": load_s, "peak_gib": peak, "alloc_retries": retries, "error": error, "warmup_times": warm, "times": times}
+        row = {
+            "name": name,
+            "load_s": load_s,
+            "peak_gib": peak,
+            "alloc_retries": retries,
+            "error": error,
+            "warmup_times": warm,
+            "times": times,
+        }
         if times:
             flops = step_flops(runner)
             mean = statistics.fmean(times)
             tokens = statistics.fmean(step.useful_tokens for step in runner.pool)
-            padded = statistics.fmean(sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks) for step in runner.pool)
-            row |= {"s_per_step": mean, "median_s": statistics.median(times), "tokens_per_s": tokens / mean,
-                    "padding": 1 - tokens / padded, "flops_per_step": flops, "mfu": flops / mean / ceiling if ceiling else None}
+            padded = statistics.fmean(
+                sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks)
+                for step in runner.pool
+            )
+            row |= {
+                "s_per_step": mean,
+                "median_s": statistics.median(times),
+                "tokens_per_s": tokens / mean,
+                "padding": 1 - tokens / padded,
+                "flops_per_step": flops,
+                "mfu": flops / mean / ceiling if ceiling else None,
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -323,15 +433,26 @@ def main() -> None:
             times = time_steps(lambda step: runner.trainer.step(step), runner.pool, args.warmup, steps, device)
             record(f"ours {name}", runner, times, peak_gib(device), load_s)
             if name == args.profile_arm:
-                profile_pass(lambda step: runner.trainer.step(step), runner.pool, device, Path(args.out) / f"profile_{name}")
+                profile_pass(
+                    lambda step: runner.trainer.step(step), runner.pool, device, Path(args.out) / f"profile_{name}"
+                )
         except torch.OutOfMemoryError as error:
-            record(f"ours {name}", runner, None, peak_gib(device), load_s, f"OutOfMemoryError: {str(error).splitlines()[0]}")
+            record(
+                f"ours {name}",
+                runner,
+                None,
+                peak_gib(device),
+                load_s,
+                f"OutOfMemoryError: {str(error).splitlines()[0]}",
+            )
         del runner
         release(device)
 
     def time_peer(chunks: int) -> None:
         start = time.perf_counter()
-        runner = Molmo2Runner(profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}, seed=0)
+        runner = Molmo2Runner(
+            profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}, seed=0
+        )
         runner.load_data()  # the same pool as our unbucketed arms; the peer builds its own model
         name = f"transformers {transformers.__version__} Molmo2 ({args.peer_attention}, {chunks} chunks)"
         model, step, inputs = peer_runner(runner, device, args.peer_attention)
@@ -357,7 +478,9 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"peer_molmo2_{args.profile}.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
+    (out / f"peer_molmo2_{args.profile}.json").write_text(
+        json.dumps({"conditions": conditions, "rows": rows}, indent=1)
+    )
     print("\nconditions: " + json.dumps(conditions))
     peer = next((r for r in rows if r["name"].startswith("transformers") and r.get("s_per_step")), None)
     print(f"\n{'':52} {'s/step':>7} {'median':>7} {'tok/s':>7} {'pad':>5} {'MFU':>6} {'peak GiB':>8} {'vs peer':>7}")
@@ -368,7 +491,9 @@ def main() -> None:
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "—"
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "—"
         ratio = f"{peer['s_per_step'] / row['s_per_step']:.2f}x" if peer else "—"
-        print(f"{row['name']:52} {row['s_per_step']:7.3f} {row['median_s']:7.3f} {row['tokens_per_s']:7.0f} {row['padding']:5.1%} {mfu:>6} {peak:>8} {ratio:>7}")
+        print(
+            f"{row['name']:52} {row['s_per_step']:7.3f} {row['median_s']:7.3f} {row['tokens_per_s']:7.0f} {row['padding']:5.1%} {mfu:>6} {peak:>8} {ratio:>7}"
+        )
 
 
 if __name__ == "__main__":

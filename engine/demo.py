@@ -55,7 +55,9 @@ def main() -> None:
         prereg("report", REG_ID, "--compare", TWIN_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
     else:
         prereg("report", REG_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
-    print(f"\ndemo finished in {time.monotonic() - start:.0f} s · report: {(work / 'report' / 'report.html').relative_to(ROOT)}")
+    print(
+        f"\ndemo finished in {time.monotonic() - start:.0f} s · report: {(work / 'report' / 'report.html').relative_to(ROOT)}"
+    )
 
 
 if __name__ == "__main__":

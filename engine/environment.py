@@ -13,7 +13,9 @@ from prereg.provenance import git_state, tool_version
 
 def _driver_version() -> str | None:
     try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, timeout=20)
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.decode().splitlines()[0].strip() if result.returncode == 0 and result.stdout else None

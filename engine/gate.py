@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.workload import make_runner
     from oracles.judge import judge
     from prereg.ledger import Ledger
+    from prereg.registry import get_workload
     from prereg.state import load_state
-    from prereg.workload import get_workload
 
     ledger = Ledger.open(args.ledger, create=False)
     state = load_state(ledger, args.reg, with_windows=False)
@@ -56,16 +56,49 @@ def main(argv: list[str] | None = None) -> int:
             observed = {"error": f"{type(error).__name__}: {error}"[:2000]}
         seconds = time.monotonic() - start
         judgement = judge(oracle.kind, observed, oracle.bounds)
-        ledger.append("oracle", args.reg, {
-            "oracle": oracle.id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": observed,
-            "bounds": oracle.bounds, "passed": judgement.passed, "reason": judgement.reason, "version": state.version,
-            "external": False, "gpu_s": round(seconds * runner.devices, 4),
-        })
+        ledger.append(
+            "oracle",
+            args.reg,
+            {
+                "oracle": oracle.id,
+                "item": item.id,
+                "kind": oracle.kind,
+                "probe": oracle.probe,
+                "observed": observed,
+                "bounds": oracle.bounds,
+                "passed": judgement.passed,
+                "reason": judgement.reason,
+                "version": state.version,
+                "external": False,
+                "gpu_s": round(seconds * runner.devices, 4),
+            },
+        )
         done.append(oracle.id)
-        print(json.dumps({"event": "oracle", "oracle": oracle.id, "item": item.id, "passed": judgement.passed, "reason": judgement.reason}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "oracle",
+                    "oracle": oracle.id,
+                    "item": item.id,
+                    "passed": judgement.passed,
+                    "reason": judgement.reason,
+                }
+            ),
+            flush=True,
+        )
     wall = time.monotonic() - PROCESS_START
-    ledger.append("gate", args.reg, {"load_s": round(load_s, 4), "wall_s": round(wall, 4), "gpu_s": round(wall * runner.devices, 4),
-                                      "oracles": done, "stopped": stop[0] if stop else None, "version": state.version})
+    ledger.append(
+        "gate",
+        args.reg,
+        {
+            "load_s": round(load_s, 4),
+            "wall_s": round(wall, 4),
+            "gpu_s": round(wall * runner.devices, 4),
+            "oracles": done,
+            "stopped": stop[0] if stop else None,
+            "version": state.version,
+        },
+    )
     return 0
 
 

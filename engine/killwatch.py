@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from prereg.registry import get_workload
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import KillLine, Registration, scope_names
-from prereg.workload import get_workload
 
 
 class KillEnv:
@@ -86,8 +86,18 @@ class KillWatch:
                 if held and line.id not in self.pending:
                     self.pending[line.id] = step
                 if line.id in self.pending and save_every and step % save_every == 0:
-                    return {"kill": line.id, "step": step, "held_since": self.pending[line.id], "drops": list(line.drops),
-                            "reason": f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}"}
+                    return {
+                        "kill": line.id,
+                        "step": step,
+                        "held_since": self.pending[line.id],
+                        "drops": list(line.drops),
+                        "reason": f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}",
+                    }
             elif held:
-                return {"kill": line.id, "step": step, "drops": list(line.drops), "reason": f"`{line.when}` held at step {step}"}
+                return {
+                    "kill": line.id,
+                    "step": step,
+                    "drops": list(line.drops),
+                    "reason": f"`{line.when}` held at step {step}",
+                }
         return None

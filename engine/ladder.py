@@ -29,10 +29,11 @@ from prereg.actions import check_source_unchanged
 from prereg.errors import InvalidInput, LedgerCorrupt, Refused
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
+from prereg.registry import get_workload
 from prereg.schema import Registration
 from prereg.state import RegistrationState, RungRun, load_state, require_frozen
 from prereg.verdict import VerdictEnv, cost_summary, judge_until_pass, rung_views
-from prereg.workload import Profile, get_workload
+from prereg.workload import Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,13 +44,18 @@ def check_profile(profile: Profile) -> None:
     import torch
 
     if profile.world_size > 1 and torch.torch_version.TorchVersion(torch.__version__) < (2, 9):
-        raise Refused(f"profile {profile.name} runs {profile.world_size} processes under torchrun, which forwards the "
-                      f"budget's SIGUSR1 to them only from torch 2.9 (--signals-to-handle); this is torch {torch.__version__}",
-                      fix="upgrade torch, or register a one-process profile")
+        raise Refused(
+            f"profile {profile.name} runs {profile.world_size} processes under torchrun, which forwards the "
+            f"budget's SIGUSR1 to them only from torch 2.9 (--signals-to-handle); this is torch {torch.__version__}",
+            fix="upgrade torch, or register a one-process profile",
+        )
     if profile.device == "cpu":
         return
     if not torch.cuda.is_available():
-        raise Refused(f"profile {profile.name} needs CUDA and this machine has none", fix="run it on a machine with the GPUs it names, or register a cpu-tiny variant")
+        raise Refused(
+            f"profile {profile.name} needs CUDA and this machine has none",
+            fix="run it on a machine with the GPUs it names, or register a cpu-tiny variant",
+        )
     if torch.cuda.device_count() < profile.gpus:
         raise Refused(f"profile {profile.name} needs {profile.gpus} GPUs; this machine has {torch.cuda.device_count()}")
 
@@ -64,9 +70,23 @@ def rung_command(profile: Profile, rung_args: list[str]) -> list[str]:
     them on this host (one per GPU on CUDA; never restarted: a restarted rank would re-run the rung)."""
     if profile.world_size == 1:
         return ["engine.rung", *rung_args]
-    return ["torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(profile.world_size),
-            "--max-restarts", "0", "--signals-to-handle", FORWARDED_SIGNALS,
-            "-m", "engine.rung", *rung_args, "--device", profile.device]
+    return [
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(profile.world_size),
+        "--max-restarts",
+        "0",
+        "--signals-to-handle",
+        FORWARDED_SIGNALS,
+        "-m",
+        "engine.rung",
+        *rung_args,
+        "--device",
+        profile.device,
+    ]
 
 
 def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
@@ -77,7 +97,9 @@ def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
     if not path.exists():
         path = REPO_ROOT / "registrations" / frozen.data["source_file"]
     if not path.exists():
-        raise InvalidInput(f"the frozen file {frozen.data['source_file']} is not in ./registrations", fix="pass --file PATH")
+        raise InvalidInput(
+            f"the frozen file {frozen.data['source_file']} is not in ./registrations", fix="pass --file PATH"
+        )
     return path
 
 
@@ -89,8 +111,16 @@ def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
             elapsed = 0.0
             for window in last:
                 elapsed = window.data.get("elapsed_s", elapsed)
-            ledger.append("interrupted", state.reg_id, {"rung": run.rung, "reason": "found without an end; re-run from scratch",
-                                                         "totals": {"gpu_s": elapsed, "at_least": True}}, ref=run.run_id)
+            ledger.append(
+                "interrupted",
+                state.reg_id,
+                {
+                    "rung": run.rung,
+                    "reason": "found without an end; re-run from scratch",
+                    "totals": {"gpu_s": elapsed, "at_least": True},
+                },
+                ref=run.run_id,
+            )
             marked.append(run.run_id)
     return marked
 
@@ -98,12 +128,17 @@ def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
 def _done(planned: PlannedRung, runs: list[RungRun], until_pass: bool = False) -> tuple[bool, str]:
     """Whether a planned rung needs no (more) running, and the label its next run would carry. In an until-pass
     ladder a failed run is final too: its pass rule judges it (rc != 0) and the ladder moves on."""
-    own = [r for r in runs if r.rung in (planned.id, primed(planned.id)) and not r.external and r.status != "interrupted"]
+    own = [
+        r for r in runs if r.rung in (planned.id, primed(planned.id)) and not r.external and r.status != "interrupted"
+    ]
     recorded = [r for r in runs if r.rung == planned.id and r.external and r.flagged is None and r.status == "finished"]
     matching = [r for r in own if sorted(r.items) == sorted(planned.items)]
     if recorded or any(r.status == "finished" for r in matching):
         return True, planned.id
-    if any(r.status in ("killed", "over-ceiling") and r.ended_by and ("kill" in r.ended_by or "ceiling" in r.ended_by) for r in matching):
+    if any(
+        r.status in ("killed", "over-ceiling") and r.ended_by and ("kill" in r.ended_by or "ceiling" in r.ended_by)
+        for r in matching
+    ):
         return True, planned.id  # ended by a kill line or the ceiling: final for these items
     if until_pass and any(r.status == "failed" for r in matching):
         return True, planned.id
@@ -136,7 +171,9 @@ class Child:
 
     def __init__(self, args: list[str]):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env, text=True
+        )
 
     def events(self):
         assert self.process.stdout is not None
@@ -193,7 +230,9 @@ class Ladder:
     def budget_left(self) -> float | None:
         return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
-    def end_abandoned_runs(self, state: RegistrationState, run_ids: list[str], rc: int, wall_s: float, profile: Profile) -> None:
+    def end_abandoned_runs(
+        self, state: RegistrationState, run_ids: list[str], rc: int, wall_s: float, profile: Profile
+    ) -> None:
         """A rung process that died while the ladder lives (a rank killed by its launcher after another rank's
         out-of-memory, the kernel's OOM killer) leaves its started runs without an end: the ladder ends them
         `failed` with the exit status it saw, so a pass rule judges them (rc != 0) instead of a resume re-running
@@ -202,14 +241,29 @@ class Ladder:
             if run.run_id not in run_ids or run.status != "running":
                 continue
             windows = list(self.ledger.entries(reg_id=self.reg_id, kinds=("window",), ref=run.run_id))
-            self.ledger.append("run-end", self.reg_id, {
-                "rung": run.rung, "status": "failed",
-                "ended_by": {"error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"},
-                "totals": {"rc": rc, "steps": windows[-1].data["step"] if windows else 0, "wall_s": round(wall_s, 4),
-                           "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4), "world_size": profile.world_size},
-                "memory_snapshots": snapshots_in(REPO_ROOT / memory_directory(self.reg_id, run_ids[0])),
-            }, ref=run.run_id)
-            self.say(f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded failed")
+            self.ledger.append(
+                "run-end",
+                self.reg_id,
+                {
+                    "rung": run.rung,
+                    "status": "failed",
+                    "ended_by": {
+                        "error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"
+                    },
+                    "totals": {
+                        "rc": rc,
+                        "steps": windows[-1].data["step"] if windows else 0,
+                        "wall_s": round(wall_s, 4),
+                        "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4),
+                        "world_size": profile.world_size,
+                    },
+                    "memory_snapshots": snapshots_in(REPO_ROOT / memory_directory(self.reg_id, run_ids[0])),
+                },
+                ref=run.run_id,
+            )
+            self.say(
+                f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded failed"
+            )
 
     def run_child(self, args: list[str]) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -222,8 +276,16 @@ class Ladder:
             timer = threading.Timer(max(left, 0.0), self._budget_expired)
             timer.daemon = True
             timer.start()
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
-                            TimeElapsedColumn(), console=self.console, disable=self.console is None, transient=False)
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=self.console is None,
+            transient=False,
+        )
         tasks: dict[str, Any] = {}
         with progress:
             for event in self.child.events():
@@ -234,7 +296,11 @@ class Ladder:
                     key = event["run"]
                     if key not in tasks:
                         tasks[key] = progress.add_task(f"  rung {event['rung']}", total=event["of"], note="")
-                    note = f"loss {event['loss']:.3f} · {event['s_per_step']:.3f} s/step" if event.get("loss") is not None else ""
+                    note = (
+                        f"loss {event['loss']:.3f} · {event['s_per_step']:.3f} s/step"
+                        if event.get("loss") is not None
+                        else ""
+                    )
                     progress.update(tasks[key], completed=event["step"], note=note)
         if timer is not None:
             timer.cancel()
@@ -261,9 +327,18 @@ class Ladder:
         dropped = state.dropped()
         table = Table("rung", "declared", "will run", "note", title="the plan that will run")
         for planned in plan_ladder(reg, set(dropped)):
-            done, label = _done(planned, state.runs, reg.protocol.kind == "until_pass") if planned.runs else (False, planned.id)
-            note = planned.skip or ("done" if done else ("primed: re-run without dropped items" if label != planned.id else ""))
-            table.add_row(label, ", ".join(planned.declared) or "—", ", ".join(planned.items) or "—" if planned.runs else "not run", note)
+            done, label = (
+                _done(planned, state.runs, reg.protocol.kind == "until_pass") if planned.runs else (False, planned.id)
+            )
+            note = planned.skip or (
+                "done" if done else ("primed: re-run without dropped items" if label != planned.id else "")
+            )
+            table.add_row(
+                label,
+                ", ".join(planned.declared) or "—",
+                ", ".join(planned.items) or "—" if planned.runs else "not run",
+                note,
+            )
         self.console.print(table)
         for item, why in dropped.items():
             where = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']}"
@@ -273,19 +348,31 @@ class Ladder:
         """Project the ladder's total before a rung; apply on_ceiling. Returns (start the rung?, in-rung deadline)."""
         cost = cost_summary(reg, state)
         spent, ceiling = cost["gpu_s"], cost["ceiling_gpu_s"]
-        finished = [r.totals["gpu_s"] for r in state.runs if not r.external and r.status == "finished" and "gpu_s" in r.totals]
+        finished = [
+            r.totals["gpu_s"] for r in state.runs if not r.external and r.status == "finished" and "gpu_s" in r.totals
+        ]
         estimate = statistics.mean(finished) if finished else None
         projected = spent + (estimate * remaining if estimate is not None else 0.0)
         mode = reg.cost.on_ceiling
         if spent >= ceiling or projected > ceiling:
-            event = {"spent_gpu_s": spent, "projected_gpu_s": projected, "ceiling_gpu_s": ceiling, "on_ceiling": mode, "remaining_rungs": remaining}
+            event = {
+                "spent_gpu_s": spent,
+                "projected_gpu_s": projected,
+                "ceiling_gpu_s": ceiling,
+                "on_ceiling": mode,
+                "remaining_rungs": remaining,
+            }
             if mode == "stop" or (mode == "finish-rung" and spent >= ceiling):
                 self.ledger.append("ceiling", self.reg_id, {**event, "action": "stopped before the next rung"})
-                self.say(f"[bold red]cost ceiling[/]: spent {spent:.1f} + projected → {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: stopping")
+                self.say(
+                    f"[bold red]cost ceiling[/]: spent {spent:.1f} + projected → {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: stopping"
+                )
                 return False, None
             action = "finishing one more rung" if mode == "finish-rung" else "continuing; the overrun is recorded"
             self.ledger.append("ceiling", self.reg_id, {**event, "action": action})
-            self.say(f"[yellow]cost ceiling[/]: projected {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: {action}")
+            self.say(
+                f"[yellow]cost ceiling[/]: projected {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: {action}"
+            )
         deadline = ceiling - spent if mode == "stop" else None
         return True, deadline
 
@@ -294,7 +381,9 @@ class Ladder:
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         interrupted = mark_interrupted(self.ledger, state)
         if interrupted:
-            self.say(f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end; their rungs re-run from scratch")
+            self.say(
+                f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end; their rungs re-run from scratch"
+            )
         self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         stopped = "gate-only" if self.gate_only and self.stopping is None else None
@@ -319,17 +408,22 @@ class Ladder:
             estimate = [r.totals.get("wall_s") for r in state.runs if r.status == "finished" and r.totals.get("wall_s")]
             if left is not None and estimate and statistics.mean(estimate) > left:
                 stopped = "budget"
-                self.say(f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume")
+                self.say(
+                    f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume"
+                )
                 break
             args = ["--ledger", self.child_ledger_url(), "--reg", self.reg_id]
             for planned, label in batch:
                 args += ["--run-spec", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
             if deadline is not None:
                 args += ["--deadline-s", f"{deadline:.3f}"]
-            self.say(f"[bold]rung {', '.join(label for _, label in batch)}[/]" + (" (interleaved)" if len(batch) > 1 else "")
-                     + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}")
+            self.say(
+                f"[bold]rung {', '.join(label for _, label in batch)}[/]"
+                + (" (interleaved)" if len(batch) > 1 else "")
+                + f": items {', '.join(sorted({i for p, _ in batch for i in p.items})) or '— (baseline)'}"
+            )
             kills_before = len(state.kills)
-            run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec"):] if "=" in a]
+            run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec") :] if "=" in a]
             profile = get_workload(reg.workload).profiles[reg.profile]
             child_start = time.monotonic()
             rc = self.run_child(rung_command(profile, args))
@@ -344,15 +438,21 @@ class Ladder:
             if not set(run_ids) <= ended:
                 # A rung process that leaves no end in this ledger (it crashed before its run-start, or wrote
                 # elsewhere) would be re-run forever: stop and say so; the next run records it as interrupted.
-                raise RuntimeError(f"the rung process exited with {rc} without ending its runs {sorted(set(run_ids) - ended)} in {self.ledger.url}")
+                raise RuntimeError(
+                    f"the rung process exited with {rc} without ending its runs {sorted(set(run_ids) - ended)} in {self.ledger.url}"
+                )
             for kill in state.kills[kills_before:]:
                 drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
-                self.say(f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}")
+                self.say(
+                    f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}"
+                )
             failed = [r for r in state.runs if r.run_id in run_ids and r.status == "failed"]
             if failed and reg.protocol.kind != "until_pass":
                 # Re-running it at once would fail the same way, for ever: stop, say why; `prereg run` retries it.
                 for run in failed:
-                    self.say(f"[bold red]rung {run.rung} failed[/]: {(run.ended_by or {}).get('error', 'see the rung process output')}")
+                    self.say(
+                        f"[bold red]rung {run.rung} failed[/]: {(run.ended_by or {}).get('error', 'see the rung process output')}"
+                    )
                 stopped = "failed"
                 break
             over = [r for r in state.runs if r.run_id in run_ids and r.status == "over-ceiling"]
@@ -360,7 +460,9 @@ class Ladder:
                 # The rung outlasted what was left under the ceiling (on_ceiling = stop): the ladder stops here, and
                 # says so even when that rung was its last; the over-ceiling rung's windows are never read.
                 for run in over:
-                    self.say(f"[bold red]rung {run.rung} ended over the ceiling[/]: it outlasted the device-seconds left under it")
+                    self.say(
+                        f"[bold red]rung {run.rung} ended over the ceiling[/]: it outlasted the device-seconds left under it"
+                    )
                 stopped = "ceiling"
                 break
             cost = cost_summary(reg, state)
@@ -379,33 +481,61 @@ class Ladder:
             remaining = []
         seq, head = self.ledger.head()
         cost = cost_summary(reg, state)
-        summary = {"id": self.reg_id, "complete": not remaining and stopped is None, "stopped": stopped, "remaining": remaining,
-                   "dropped": state.dropped(), "runs": [{"run": r.run_id, "rung": r.rung, "status": r.status, "windows": r.n_windows} for r in state.runs],
-                   "cost": cost, "head": head}
+        summary = {
+            "id": self.reg_id,
+            "complete": not remaining and stopped is None,
+            "stopped": stopped,
+            "remaining": remaining,
+            "dropped": state.dropped(),
+            "runs": [{"run": r.run_id, "rung": r.rung, "status": r.status, "windows": r.n_windows} for r in state.runs],
+            "cost": cost,
+            "head": head,
+        }
         if remaining:
-            self.say(f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)} — `prereg run {self.reg_id}` resumes")
+            self.say(
+                f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)} — `prereg run {self.reg_id}` resumes"
+            )
         elif stopped:
-            self.say(f"ladder stopped ({stopped}) · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})")
+            self.say(
+                f"ladder stopped ({stopped}) · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})"
+            )
         else:
-            self.say(f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})")
+            self.say(
+                f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})"
+            )
         return summary
 
 
-def run_ladder(ledger: Ledger, reg_id: str, *, file: Path | None, dry_run: bool, budget_s: float | None, console,
-               gate_only: bool = False) -> dict[str, Any]:
+def run_ladder(
+    ledger: Ledger,
+    reg_id: str,
+    *,
+    file: Path | None,
+    dry_run: bool,
+    budget_s: float | None,
+    console,
+    gate_only: bool = False,
+) -> dict[str, Any]:
     state = require_frozen(ledger, reg_id, with_windows=False)
     check_source_unchanged(ledger, reg_id, registration_file(ledger, reg_id, file))
     report = ledger.verify()
     if not report.ok:
-        raise LedgerCorrupt(f"the ledger failed verification at entry {report.first_bad}: {report.reason}", first_bad=report.first_bad,
-                            fix="`prereg audit verify` names the entry; restore the ledger from its export before running")
+        raise LedgerCorrupt(
+            f"the ledger failed verification at entry {report.first_bad}: {report.reason}",
+            first_bad=report.first_bad,
+            fix="`prereg audit verify` names the entry; restore the ledger from its export before running",
+        )
     reg = state.registration()
     profile = get_workload(reg.workload).profiles[reg.profile]
     check_profile(profile)
     ladder = Ladder(ledger, reg_id, budget_s=budget_s, console=console, gate_only=gate_only)
     if dry_run:
         ladder.print_plan(reg, state)
-        return {"id": reg_id, "dry_run": True, "pending": [label for _, label in pending_rungs(reg, state)],
-                "oracles_pending": [o.id for i in reg.items for o in i.oracles if o.id not in state.oracles]}
+        return {
+            "id": reg_id,
+            "dry_run": True,
+            "pending": [label for _, label in pending_rungs(reg, state)],
+            "oracles_pending": [o.id for i in reg.items for o in i.oracles if o.id not in state.oracles],
+        }
     with RunLock(ledger.url, reg_id):
         return ladder.run(reg)

@@ -89,9 +89,16 @@ def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
     reg = state.registration()
     protocol = reg.protocol
     return {
-        "workload": reg.workload, "profile": reg.profile, "seed": protocol.seed, "config": reg.rung_config(runs[0]["rung"]),
-        "switches": {i.id: i.switch for i in reg.items}, "version": state.version, "schedule": protocol.schedule,
-        "steps": protocol.steps, "log_every": protocol.log_every, "eval_every": protocol.eval_every,
+        "workload": reg.workload,
+        "profile": reg.profile,
+        "seed": protocol.seed,
+        "config": reg.rung_config(runs[0]["rung"]),
+        "switches": {i.id: i.switch for i in reg.items},
+        "version": state.version,
+        "schedule": protocol.schedule,
+        "steps": protocol.steps,
+        "log_every": protocol.log_every,
+        "eval_every": protocol.eval_every,
         "save_every": protocol.save_every,
     }, reg
 
@@ -102,12 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reg", required=True)
     # No option here may be a prefix of two of torchrun's (argparse would refuse it even after the script name):
     # `--run` matched --run-path and --run_path.
-    parser.add_argument("--run-spec", dest="run", action="append", required=True,
-                        help="RUN_ID=LABEL:DECLARED_RUNG:ITEM,ITEM (repeat for interleaved)")
-    parser.add_argument("--deadline-s", type=float, default=None, help="device-seconds left under the ceiling (on_ceiling = stop)")
+    parser.add_argument(
+        "--run-spec",
+        dest="run",
+        action="append",
+        required=True,
+        help="RUN_ID=LABEL:DECLARED_RUNG:ITEM,ITEM (repeat for interleaved)",
+    )
+    parser.add_argument(
+        "--deadline-s", type=float, default=None, help="device-seconds left under the ceiling (on_ceiling = stop)"
+    )
     parser.add_argument("--save-dir", default=None)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="the profile's device, which picks the process group's backend (needed under torchrun)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="the profile's device, which picks the process group's backend (needed under torchrun)",
+    )
     args = parser.parse_args(argv)
 
     stop = Stop()
@@ -138,7 +156,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         runs.append({"run": run_id, "label": label, "rung": declared, "items": tuple(i for i in items.split(",") if i)})
     memory = memory_directory(args.reg, runs[0]["run"])  # a `memory_snapshot` rung's allocation snapshots
 
-    from prereg.workload import get_workload
+    from prereg.registry import get_workload
 
     ledger = plan = reg = None
     if ranks.writer:  # the only rank that opens the ledger
@@ -149,16 +167,29 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         plan, reg = read_plan(args, ledger, runs)
         profile = get_workload(plan["workload"]).profiles[plan["profile"]]
         if (profile.world_size, profile.device) != (ranks.world_size, args.device or profile.device):
-            raise RuntimeError(f"profile {profile.name} runs {profile.world_size} process(es) on {profile.device}; this rung "
-                               f"was started as {ranks.world_size} on {args.device} — start it through `prereg run`")
+            raise RuntimeError(
+                f"profile {profile.name} runs {profile.world_size} process(es) on {profile.device}; this rung "
+                f"was started as {ranks.world_size} on {args.device} — start it through `prereg run`"
+            )
         environment = run_environment(plan["profile"], plan["seed"])
         for run in runs:
-            ledger.append("run-start", args.reg, {
-                "rung": run["label"], "declared_rung": run["rung"], "primed_from": run["rung"] if run["label"] != run["rung"] else None,
-                "items": list(run["items"]), "switches": [plan["switches"][i] for i in run["items"]], "config": plan["config"],
-                "version": plan["version"], "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
-                "interleaved_with": [r["run"] for r in runs if r is not run], "env": environment,
-            }, ref=run["run"])
+            ledger.append(
+                "run-start",
+                args.reg,
+                {
+                    "rung": run["label"],
+                    "declared_rung": run["rung"],
+                    "primed_from": run["rung"] if run["label"] != run["rung"] else None,
+                    "items": list(run["items"]),
+                    "switches": [plan["switches"][i] for i in run["items"]],
+                    "config": plan["config"],
+                    "version": plan["version"],
+                    "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
+                    "interleaved_with": [r["run"] for r in runs if r is not run],
+                    "env": environment,
+                },
+                ref=run["run"],
+            )
     plan = ranks.broadcast(plan)
     declaration = get_workload(plan["workload"])
     profile = declaration.profiles[plan["profile"]]
@@ -202,17 +233,36 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                 decision = None
                 if ranks.writer:
                     elapsed = time.monotonic() - PROCESS_START
-                    window.update({"step": step, "elapsed_s": round(elapsed, 4), "ledger_s": round(ledger_s, 6),
-                                   "world_size": ranks.world_size})
+                    window.update(
+                        {
+                            "step": step,
+                            "elapsed_s": round(elapsed, 4),
+                            "ledger_s": round(ledger_s, 6),
+                            "world_size": ranks.world_size,
+                        }
+                    )
                     windows[run_id].append(window)
                     write_start = time.monotonic()
                     ledger.append("window", args.reg, {"rung": run["label"], **encode_nonfinite(window)}, ref=run_id)
-                    ledger_s = time.monotonic() - write_start  # the governance cost of the previous window, carried by the next
-                    emit({"event": "window", "run": run_id, "rung": run["label"], "step": step, "of": plan["steps"],
-                          "loss": window.get("loss"), "s_per_step": window.get("s_per_step")})
+                    ledger_s = (
+                        time.monotonic() - write_start
+                    )  # the governance cost of the previous window, carried by the next
+                    emit(
+                        {
+                            "event": "window",
+                            "run": run_id,
+                            "rung": run["label"],
+                            "step": step,
+                            "of": plan["steps"],
+                            "loss": window.get("loss"),
+                            "s_per_step": window.get("s_per_step"),
+                        }
+                    )
                     fired = watches[run_id].check(windows[run_id])
                     if fired:
-                        ledger.append("kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run_id)
+                        ledger.append(
+                            "kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run_id
+                        )
                         decision = ("killed", {"kill": fired["kill"]})
                     elif stopping:
                         decision = ("killed", stop.reason)
@@ -242,18 +292,33 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     if not ranks.writer:
         return rc
     wall = time.monotonic() - PROCESS_START
-    devices = (runner.devices if runner is not None else 1) * ranks.world_size  # every rank's devices, for the whole wall
+    devices = (
+        runner.devices if runner is not None else 1
+    ) * ranks.world_size  # every rank's devices, for the whole wall
     for run in runs:
         share = 1.0 / len(runs)  # interleaved rungs share one process: its time is split evenly
-        ledger.append("run-end", args.reg, {
-            "rung": run["label"], "status": status[run["run"]], "ended_by": ended_by.get(run["run"]),
-            "totals": {"rc": rc, "steps": windows[run["run"]][-1]["step"] if windows[run["run"]] else 0, "load_s": round(load_s, 4),
-                       "gpu_s": round(wall * devices * share, 4), "load_gpu_s": round(load_s * devices * share, 4),
-                       "wall_s": round(wall, 4), "world_size": ranks.world_size,
-                       "load_start_s": round(load_start - PROCESS_START, 4)},
-            "parallel": getattr(runner, "parallel", None),
-            "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
-        }, ref=run["run"])
+        ledger.append(
+            "run-end",
+            args.reg,
+            {
+                "rung": run["label"],
+                "status": status[run["run"]],
+                "ended_by": ended_by.get(run["run"]),
+                "totals": {
+                    "rc": rc,
+                    "steps": windows[run["run"]][-1]["step"] if windows[run["run"]] else 0,
+                    "load_s": round(load_s, 4),
+                    "gpu_s": round(wall * devices * share, 4),
+                    "load_gpu_s": round(load_s * devices * share, 4),
+                    "wall_s": round(wall, 4),
+                    "world_size": ranks.world_size,
+                    "load_start_s": round(load_start - PROCESS_START, 4),
+                },
+                "parallel": getattr(runner, "parallel", None),
+                "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
+            },
+            ref=run["run"],
+        )
     emit({"event": "end", "status": status})
     return rc
 

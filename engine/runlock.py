@@ -35,7 +35,10 @@ class RunLock:
             self.handle.seek(0)
             holder = self.handle.read().strip() or "another process"
             self.handle.close()
-            raise Refused(f"a run of {self.reg_id} is already in progress ({holder})", fix="wait for it to finish; runs of one registration never interleave") from None
+            raise Refused(
+                f"a run of {self.reg_id} is already in progress ({holder})",
+                fix="wait for it to finish; runs of one registration never interleave",
+            ) from None
         self.handle.seek(0)
         self.handle.truncate()
         self.handle.write(f"pid {os.getpid()}")

@@ -16,7 +16,6 @@ from typing import Any, Callable, Protocol
 
 from prereg.workload import Profile, WorkloadDeclaration
 
-
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 # The runner writes a `memory_snapshot` rung's allocation snapshots where this variable points (the rung sets it).
 MEMORY_DIR_VARIABLE = "PREREG_MEMORY_DIR"
@@ -156,7 +155,9 @@ class WorkloadRunner(Protocol):
         """A checkpoint at a save boundary (called on every rank; rank 0 writes)."""
 
 
-def make_runner(declaration: WorkloadDeclaration, profile: Profile, config: dict[str, Any], seed: int) -> WorkloadRunner:
+def make_runner(
+    declaration: WorkloadDeclaration, profile: Profile, config: dict[str, Any], seed: int
+) -> WorkloadRunner:
     module_name, _, attribute = declaration.runner.partition(":")
     runner_class = getattr(importlib.import_module(module_name), attribute)
     return runner_class(profile=profile, config=config, seed=seed)

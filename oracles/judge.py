@@ -121,7 +121,9 @@ OBSERVED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 PROBE_FAILED = "error"  # an observation that says the probe could not run: judged a failure, with its reason
 
 
-def observation_problem(kind: str, observed: dict[str, Any], bounds: dict[str, float], probe_observes: frozenset[str]) -> str | None:
+def observation_problem(
+    kind: str, observed: dict[str, Any], bounds: dict[str, float], probe_observes: frozenset[str]
+) -> str | None:
     """Why an observation entered by hand cannot be judged as written (a name the oracle does not read, or one it
     needs and lacks), or None. A typo must be refused as bad input: judged, it would drop the item for good."""
     if observed.get(PROBE_FAILED):
@@ -138,7 +140,9 @@ def observation_problem(kind: str, observed: dict[str, Any], bounds: dict[str, f
         return None
     problems = ([f"unknown {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
     expected = sorted(required) + [f"{name} (optional)" for name in sorted(optional - required)]
-    return f"{' and '.join(problems)}; a {kind} oracle reads {expected}, or {PROBE_FAILED} = \"why the probe could not run\""
+    return (
+        f'{" and ".join(problems)}; a {kind} oracle reads {expected}, or {PROBE_FAILED} = "why the probe could not run"'
+    )
 
 
 def judge(kind: str, observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:

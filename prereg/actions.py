@@ -17,9 +17,9 @@ from prereg.pairing import FIX as PAIRING_FIX
 from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
 from prereg.provenance import git_state, tool_version
+from prereg.registry import get_workload
 from prereg.schema import Registration
 from prereg.state import RegistrationState, check_record_rungs, require_frozen
-from prereg.workload import get_workload
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,9 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
     return entry, review.post_hoc
 
 
-AMENDED_DOCUMENT_FIX = "correct the amendment: the document it produces must validate like a registration; nothing was written"
+AMENDED_DOCUMENT_FIX = (
+    "correct the amendment: the document it produces must validate like a registration; nothing was written"
+)
 
 
 def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
@@ -122,35 +124,48 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     owner = reg.oracle_owner()
     for oracle_id in rec.oracles:
         if oracle_id not in owner:
-            raise InvalidInput(f"oracles.{oracle_id}: not an oracle of {reg_id}; oracles are {sorted(owner)}", where=where,
-                               fix="name each [oracles.ID] table by an oracle id of the registration; nothing was written")
+            raise InvalidInput(
+                f"oracles.{oracle_id}: not an oracle of {reg_id}; oracles are {sorted(owner)}",
+                where=where,
+                fix="name each [oracles.ID] table by an oracle id of the registration; nothing was written",
+            )
     probes = get_workload(reg.workload).probes
     for oracle_id, observed in rec.oracles.items():
         oracle = next(o for o in reg.item(owner[oracle_id]).oracles if o.id == oracle_id)
         problem = observation_problem(oracle.kind, dict(observed), oracle.bounds, probes[oracle.probe].observes)
         if problem:
-            raise InvalidInput(f"oracles.{oracle_id}: {problem}", where=where,
-                               fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written")
+            raise InvalidInput(
+                f"oracles.{oracle_id}: {problem}",
+                where=where,
+                fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written",
+            )
     check_record_rungs(reg, list(rec.rungs), where)
     metrics = get_workload(reg.workload).metrics
     item_ids = [i.id for i in reg.items]
     for rung_id, rung in rec.rungs.items():
         for item in rung.items:
             if item not in item_ids:
-                raise InvalidInput(f"rungs.{rung_id}.items: {item!r} is not an item; items are {item_ids}", where=where,
-                                   fix="list the items the rung ran with, by the registration's item ids; nothing was written")
+                raise InvalidInput(
+                    f"rungs.{rung_id}.items: {item!r} is not an item; items are {item_ids}",
+                    where=where,
+                    fix="list the items the rung ran with, by the registration's item ids; nothing was written",
+                )
         names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"}
         unknown = sorted(names - set(metrics))
         if unknown:
-            raise InvalidInput(f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}", where=where,
-                               fix="name metrics as the workload's catalogue does; nothing was written")
+            raise InvalidInput(
+                f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}",
+                where=where,
+                fix="name metrics as the workload's catalogue does; nothing was written",
+            )
 
     # The input is valid (every exit-2 check is above); now the governance rule, exit 3.
     observed_before = sorted(set(rec.oracles) & set(state.oracles))
     if observed_before:
         raise Refused(
             f"oracles {observed_before} already have results: a parity result stands, and re-observing it until it passes would re-tolerance it",
-            where=where, fix="remove those [oracles.ID] tables; an item whose oracle failed stays dropped",
+            where=where,
+            fix="remove those [oracles.ID] tables; an item whose oracle failed stays dropped",
         )
 
     batch: list[tuple[str, str | None, dict[str, Any], str | None]] = []
@@ -161,11 +176,26 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
         verdict = judge(oracle.kind, dict(observed), oracle.bounds)
         if not verdict.passed:
             dropped.add(item.id)
-        batch.append(("oracle", reg_id, {
-            "oracle": oracle_id, "item": item.id, "kind": oracle.kind, "probe": oracle.probe, "observed": encode_nonfinite(dict(observed)),
-            "bounds": oracle.bounds, "passed": verdict.passed, "reason": verdict.reason, "version": state.version,
-            "external": True, "provenance": rec.provenance,
-        }, None))
+        batch.append(
+            (
+                "oracle",
+                reg_id,
+                {
+                    "oracle": oracle_id,
+                    "item": item.id,
+                    "kind": oracle.kind,
+                    "probe": oracle.probe,
+                    "observed": encode_nonfinite(dict(observed)),
+                    "bounds": oracle.bounds,
+                    "passed": verdict.passed,
+                    "reason": verdict.reason,
+                    "version": state.version,
+                    "external": True,
+                    "provenance": rec.provenance,
+                },
+                None,
+            )
+        )
     planned = {p.id: p for p in plan_ladder(reg, dropped)}
     rungs: dict[str, Any] = {}
     for rung_id, rung in rec.rungs.items():
@@ -178,7 +208,10 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
             missing = sorted(set(plan.items) - set(rung.items))
             parts = []
             if extra:
-                parts.append(f"ran {extra}" + (" which the oracle gate dropped" if set(extra) & dropped else " which the plan does not include"))
+                parts.append(
+                    f"ran {extra}"
+                    + (" which the oracle gate dropped" if set(extra) & dropped else " which the plan does not include")
+                )
             if missing:
                 parts.append(f"lacked {missing}")
             flagged = "; ".join(parts)
@@ -186,10 +219,21 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
         measured["metrics"] = encode_nonfinite(measured["metrics"])
         measured["windows"] = [encode_nonfinite(w) for w in measured["windows"]]
         rungs[rung_id] = {**measured, "flagged": flagged}
-    batch.append(("record", reg_id, {
-        "provenance": rec.provenance, "source_file": path.name, "source_hash": file_hash(raw),
-        "version": state.version, "rungs": rungs, "oracles": sorted(rec.oracles),
-    }, None))
+    batch.append(
+        (
+            "record",
+            reg_id,
+            {
+                "provenance": rec.provenance,
+                "source_file": path.name,
+                "source_hash": file_hash(raw),
+                "version": state.version,
+                "rungs": rungs,
+                "oracles": sorted(rec.oracles),
+            },
+            None,
+        )
+    )
     return ledger.append_many(batch)
 
 
@@ -198,7 +242,9 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
     is read: no projection of the registration's windows)."""
     frozen = next(ledger.entries(reg_id=reg_id, kinds=("freeze",)), None)
     if frozen is None:
-        raise Refused(f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml")
+        raise Refused(
+            f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml"
+        )
     raw = path.read_bytes()
     if file_hash(raw) != frozen.data["source_hash"]:
         reg, _ = load_registration(path)
@@ -210,4 +256,12 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
         )
 
 
-__all__ = ["freeze", "freeze_registration", "amend", "record", "check_source_unchanged", "FreezeResult", "canonical_hash"]
+__all__ = [
+    "freeze",
+    "freeze_registration",
+    "amend",
+    "record",
+    "check_source_unchanged",
+    "FreezeResult",
+    "canonical_hash",
+]

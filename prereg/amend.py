@@ -11,14 +11,13 @@ measured: DESIGN.md "Frozen bounds" and "Amendments and external records".
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-
-from dataclasses import replace
 
 from prereg.errors import InvalidInput, Refused
 from prereg.rules import compile_expr
 from prereg.schema import Amendment
+
 
 def element_key(element: dict[str, Any]) -> str:
     """How a path names a list element: its id, or an expectation's number and part ("3", "3a")."""
@@ -36,7 +35,10 @@ def _select(elements: list[Any], key: str, where: str) -> Any:
         if isinstance(element, dict) and element_key(element) == key:
             return element
     ids = [element_key(e) for e in elements if isinstance(e, dict)]
-    raise InvalidInput(f"{where}: no element {key!r}; the list has {ids}", fix="name an existing element by its id (or n); append new ones with [[add.…]]")
+    raise InvalidInput(
+        f"{where}: no element {key!r}; the list has {ids}",
+        fix="name an existing element by its id (or n); append new ones with [[add.…]]",
+    )
 
 
 def _add(target: Any, change: Any, where: str) -> None:
@@ -55,9 +57,15 @@ def _add(target: Any, change: Any, where: str) -> None:
             elif isinstance(target[key], (dict, list)):
                 _add(target[key], value, f"{where}.{key}")
             else:
-                raise InvalidInput(f"{where}.{key} already exists: add appends to lists and adds new keys", fix=f"use [set.{where}] to replace it")
+                raise InvalidInput(
+                    f"{where}.{key} already exists: add appends to lists and adds new keys",
+                    fix=f"use [set.{where}] to replace it",
+                )
         return
-    raise InvalidInput(f"{where}: cannot add {change!r} to {type(target).__name__}", fix="add appends to lists ([[add.protocol.rungs]]) and adds keys to tables")
+    raise InvalidInput(
+        f"{where}: cannot add {change!r} to {type(target).__name__}",
+        fix="add appends to lists ([[add.protocol.rungs]]) and adds keys to tables",
+    )
 
 
 def _set(target: Any, change: dict[str, Any], where: str) -> None:
@@ -66,11 +74,16 @@ def _set(target: Any, change: dict[str, Any], where: str) -> None:
         if isinstance(target, list):
             element = _select(target, key, path)
             if not isinstance(value, dict):
-                raise InvalidInput(f"{path}: set on a list element needs a table of its fields", fix=f"write [set.{path}] with the fields to replace")
+                raise InvalidInput(
+                    f"{path}: set on a list element needs a table of its fields",
+                    fix=f"write [set.{path}] with the fields to replace",
+                )
             _set(element, value, path)
             continue
         if not isinstance(target, dict) or key not in target:
-            raise InvalidInput(f"set.{path} does not exist in the document", fix="set replaces existing values; use add to append")
+            raise InvalidInput(
+                f"set.{path} does not exist in the document", fix="set replaces existing values; use add to append"
+            )
         if isinstance(value, dict) and isinstance(target[key], (dict, list)) and target[key] != {}:
             _set(target[key], value, path)
         else:
@@ -137,32 +150,57 @@ class AmendmentReview:
 
 IMMUTABLE = ("id", "workload", "profile")
 # Protocol fields that relabel measured windows if changed after data exists.
-PROTOCOL_MEASUREMENT = ("kind", "schedule", "steps", "log_every", "discard_first", "seed", "eval_every", "save_every", "config")
+PROTOCOL_MEASUREMENT = (
+    "kind",
+    "schedule",
+    "steps",
+    "log_every",
+    "discard_first",
+    "seed",
+    "eval_every",
+    "save_every",
+    "config",
+)
 COSMETIC = ("title", "notes", "source", "out_of_scope")
 
 
 def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: MeasuredState) -> AmendmentReview:
     changed = diff_paths(before, after)
     if not changed:
-        raise InvalidInput("the amendment changes nothing in the document", fix="check its paths against the registration")
+        raise InvalidInput(
+            "the amendment changes nothing in the document", fix="check its paths against the registration"
+        )
     post_hoc: list[str] = []
     for path in changed:
         head, *rest = path.split(".")
         leaf = rest[-1] if rest else head
         if head in IMMUTABLE:
-            raise InvalidInput(f"{path} cannot be amended: it names the experiment", fix="register a new document with its own id")
+            raise InvalidInput(
+                f"{path} cannot be amended: it names the experiment", fix="register a new document with its own id"
+            )
         if leaf in COSMETIC and head != "protocol":
             continue
         if head == "items" and rest:
             item_id = rest[0]
             if item_id in measured.items_with_results:
                 removed_item = len(rest) == 1 and not _has_item(after, item_id)
-                removed_oracle = len(rest) == 3 and rest[1] == "oracles" and rest[2] in measured.oracles_with_results and not _has_oracle(after, item_id, rest[2])
+                removed_oracle = (
+                    len(rest) == 3
+                    and rest[1] == "oracles"
+                    and rest[2] in measured.oracles_with_results
+                    and not _has_oracle(after, item_id, rest[2])
+                )
                 if removed_item or removed_oracle:
                     # Removing what has a result would hide it (a failed oracle, a dropped item) from every verdict.
-                    raise InvalidInput(f"{path}: {item_id} has oracle results; removing it edits history", fix="items and oracles with results stay; park the item with a rule instead")
+                    raise InvalidInput(
+                        f"{path}: {item_id} has oracle results; removing it edits history",
+                        fix="items and oracles with results stay; park the item with a rule instead",
+                    )
                 if len(rest) >= 2 and rest[1] == "switch":
-                    raise InvalidInput(f"{path}: item {item_id} has oracle results; changing what it switches edits history", fix="add a new item instead")
+                    raise InvalidInput(
+                        f"{path}: item {item_id} has oracle results; changing what it switches edits history",
+                        fix="add a new item instead",
+                    )
                 if len(rest) >= 3 and rest[1] == "oracles" and rest[2] in measured.oracles_with_results:
                     post_hoc.append(path)  # a bound (or kind, probe) changed after that oracle has a result
         elif head == "protocol":
@@ -170,15 +208,25 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
             if field == "rungs" and len(rest) >= 2:
                 rung_id = rest[1]
                 if rung_id in measured.rungs_with_data and (len(rest) < 3 or rest[2] in ("items", "config", "id")):
-                    raise InvalidInput(f"{path}: rung {rung_id} has measurements; changing it edits history", fix="add a new rung instead")
+                    raise InvalidInput(
+                        f"{path}: rung {rung_id} has measurements; changing it edits history",
+                        fix="add a new rung instead",
+                    )
                 if rest[-1] == "(order)" and measured.rungs_with_data:
-                    raise InvalidInput(f"{path}: the order of rungs that have run cannot change", fix="add rungs at the end")
+                    raise InvalidInput(
+                        f"{path}: the order of rungs that have run cannot change", fix="add rungs at the end"
+                    )
             elif field in PROTOCOL_MEASUREMENT and measured.rungs_with_data:
-                raise InvalidInput(f"{path}: rungs have been measured under this protocol; changing it edits history", fix="register a variant with its own id")
+                raise InvalidInput(
+                    f"{path}: rungs have been measured under this protocol; changing it edits history",
+                    fix="register a variant with its own id",
+                )
             # pass_rule: honoured only for rungs measured after the amendment, so always admissible.
         elif head in ("rules", "expectations") and rest and _judges_existing_data(after, head, rest[0], measured):
             post_hoc.append(path)
-        elif head == "reads" and measured.verdict_inputs_exist and len(rest) == 1 and rest[0] in before.get("reads", {}):
+        elif (
+            head == "reads" and measured.verdict_inputs_exist and len(rest) == 1 and rest[0] in before.get("reads", {})
+        ):
             post_hoc.append(path)  # redefining a read after data; adding a new read decides nothing by itself
         elif head in ("cost", "question") and measured.any_run:
             post_hoc.append(path)
@@ -226,7 +274,9 @@ def _has_item(document: dict[str, Any], item_id: str) -> bool:
 
 
 def _has_oracle(document: dict[str, Any], item_id: str, oracle_id: str) -> bool:
-    return any(o["id"] == oracle_id for item in document.get("items", []) if item["id"] == item_id for o in item["oracles"])
+    return any(
+        o["id"] == oracle_id for item in document.get("items", []) if item["id"] == item_id for o in item["oracles"]
+    )
 
 
 def refuse_post_hoc(review: AmendmentReview) -> None:

@@ -28,16 +28,18 @@ def audit_list(ledger: Ledger) -> list[dict[str, Any]]:
     for reg_id in ledger.reg_ids():
         state = load_state(ledger, reg_id, with_windows=False)
         verdict = _latest_verdict(state)
-        rows.append({
-            "id": reg_id,
-            "title": state.document["title"],
-            "profile": state.document["profile"],
-            "versions": len(state.versions),
-            "status": status_of(state),
-            "outcome": verdict["outcome"] if verdict else None,
-            "post_hoc": bool(state.post_hoc_paths()),
-            "frozen": state.versions[0].ts,
-        })
+        rows.append(
+            {
+                "id": reg_id,
+                "title": state.document["title"],
+                "profile": state.document["profile"],
+                "versions": len(state.versions),
+                "status": status_of(state),
+                "outcome": verdict["outcome"] if verdict else None,
+                "post_hoc": bool(state.post_hoc_paths()),
+                "frozen": state.versions[0].ts,
+            }
+        )
     return rows
 
 
@@ -52,25 +54,62 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "profile": state.document["profile"],
         "status": status_of(state),
         "versions": [
-            {"version": v.number, "seq": v.seq, "ts": v.ts, "doc_hash": v.doc_hash, "reason": v.reason, "post_hoc": list(v.post_hoc)}
+            {
+                "version": v.number,
+                "seq": v.seq,
+                "ts": v.ts,
+                "doc_hash": v.doc_hash,
+                "reason": v.reason,
+                "post_hoc": list(v.post_hoc),
+            }
             for v in state.versions
         ],
         "oracles": [
-            {"oracle": r.oracle, "item": r.item, "kind": r.kind, "passed": r.passed, "reason": r.reason, "observed": r.observed,
-             "bounds": r.bounds, "version": r.version, "external": r.external, "seq": r.seq}
+            {
+                "oracle": r.oracle,
+                "item": r.item,
+                "kind": r.kind,
+                "passed": r.passed,
+                "reason": r.reason,
+                "observed": r.observed,
+                "bounds": r.bounds,
+                "version": r.version,
+                "external": r.external,
+                "seq": r.seq,
+            }
             for r in sorted(state.oracles.values(), key=lambda r: r.seq)
         ],
         "dropped": state.dropped(),
         "runs": [
-            {"run": r.run_id, "rung": r.rung, "items": list(r.items), "status": r.status, "windows": r.n_windows, "external": r.external,
-             "version": r.version, "flagged": r.flagged, "kill": r.kill, "totals": r.totals, "provenance": r.provenance, "seq": r.start_seq}
+            {
+                "run": r.run_id,
+                "rung": r.rung,
+                "items": list(r.items),
+                "status": r.status,
+                "windows": r.n_windows,
+                "external": r.external,
+                "version": r.version,
+                "flagged": r.flagged,
+                "kill": r.kill,
+                "totals": r.totals,
+                "provenance": r.provenance,
+                "seq": r.start_seq,
+            }
             for r in state.runs
         ],
         "entries": state.entry_counts,
-        "verdict": None if verdict is None else {
-            "outcome": verdict["outcome"], "rule": verdict["rule"], "land": verdict["land"], "park": verdict["park"],
-            "expectations": [{"n": e["n"], "part": e.get("part"), "result": e["result"]} for e in verdict["expectations"]],
-            "post_hoc": verdict["post_hoc"], "seq": state.verdicts[-1].seq,
+        "verdict": None
+        if verdict is None
+        else {
+            "outcome": verdict["outcome"],
+            "rule": verdict["rule"],
+            "land": verdict["land"],
+            "park": verdict["park"],
+            "expectations": [
+                {"n": e["n"], "part": e.get("part"), "result": e["result"]} for e in verdict["expectations"]
+            ],
+            "post_hoc": verdict["post_hoc"],
+            "seq": state.verdicts[-1].seq,
         },
         "post_hoc": state.post_hoc_paths(),
     }
@@ -109,8 +148,14 @@ def audit_calibration(ledger: Ledger) -> dict[str, Any]:
             level["hits"] += hit
             squared_errors.append((CONFIDENCE_PROBABILITY[expectation["confidence"]] - float(hit)) ** 2)
     rows = [
-        {"confidence": name, "p": CONFIDENCE_PROBABILITY[name], "n": v["n"], "hits": v["hits"], "undefined": v["undefined"],
-         "hit_rate": (v["hits"] / v["n"]) if v["n"] else None}
+        {
+            "confidence": name,
+            "p": CONFIDENCE_PROBABILITY[name],
+            "n": v["n"],
+            "hits": v["hits"],
+            "undefined": v["undefined"],
+            "hit_rate": (v["hits"] / v["n"]) if v["n"] else None,
+        }
         for name, v in levels.items()
     ]
     brier = sum(squared_errors) / len(squared_errors) if squared_errors else None

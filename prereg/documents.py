@@ -33,7 +33,9 @@ def read_toml(path: Path) -> tuple[dict[str, Any], bytes]:
         raise InvalidInput(f"not UTF-8 text ({error.reason} at byte {error.start})", where=str(path)) from None
     except tomllib.TOMLDecodeError as error:
         # tomllib's message carries "(at line L, column C)".
-        raise InvalidInput(f"malformed TOML: {error}", where=str(path), fix="fix the TOML syntax at that line") from None
+        raise InvalidInput(
+            f"malformed TOML: {error}", where=str(path), fix="fix the TOML syntax at that line"
+        ) from None
 
 
 def _path_with_ids(data: Any, loc: tuple[Any, ...]) -> str:
@@ -62,12 +64,19 @@ def _line_of(source: bytes, loc: tuple[Any, ...]) -> int | None:
     found = []
     for number, line in enumerate(source.decode("utf-8", "replace").splitlines(), start=1):
         stripped = line.strip()
-        if stripped.startswith(f"{needle} ") or stripped.startswith(f"{needle}=") or f" {needle} =" in stripped or f"{{ {needle} =" in stripped:
+        if (
+            stripped.startswith(f"{needle} ")
+            or stripped.startswith(f"{needle}=")
+            or f" {needle} =" in stripped
+            or f"{{ {needle} =" in stripped
+        ):
             found.append(number)
     return found[0] if len(found) == 1 else None
 
 
-def validate(model: type[M], data: dict[str, Any], *, where: str, source: bytes | None = None, fix: str | None = None) -> M:
+def validate(
+    model: type[M], data: dict[str, Any], *, where: str, source: bytes | None = None, fix: str | None = None
+) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -111,4 +120,13 @@ def document_hash(reg: Registration) -> str:
     return canonical_hash(document_dict(reg))
 
 
-__all__ = ["read_toml", "validate", "load_registration", "load_amendment", "load_record", "document_dict", "document_hash", "file_hash"]
+__all__ = [
+    "read_toml",
+    "validate",
+    "load_registration",
+    "load_amendment",
+    "load_record",
+    "document_dict",
+    "document_hash",
+    "file_hash",
+]

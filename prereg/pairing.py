@@ -13,9 +13,9 @@ differ in such a key. Comparing speed or memory across them stays allowed: that 
 from __future__ import annotations
 
 from prereg.errors import InvalidInput
+from prereg.registry import get_workload
 from prereg.rules import Scope, compile_expr
 from prereg.schema import Registration, scope_names
-from prereg.workload import get_workload
 
 FIX = ("set the key in [protocol].config so every compared rung shares it, or compare across these rungs only metrics "
        "that do not depend on which samples share a step (speed, memory)")  # fmt: skip
@@ -28,11 +28,16 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
         return []
     workload = get_workload(reg.workload)
     regrouping = [key.name for key in workload.config_keys.values() if key.regroups_samples]
-    assert all(workload.config_keys[key].type is bool for key in regrouping), "a regrouping key is a flag: unset is False"
+    assert all(workload.config_keys[key].type is bool for key in regrouping), (
+        "a regrouping key is a flag: unset is False"
+    )
     paired = {metric.name for metric in workload.metrics.values() if metric.paired}
     if not regrouping or not paired:
         return []
-    values = {rung.id: {key: bool(reg.rung_config(rung.id).get(key, False)) for key in regrouping} for rung in reg.protocol.rungs}
+    values = {
+        rung.id: {key: bool(reg.rung_config(rung.id).get(key, False)) for key in regrouping}
+        for rung in reg.protocol.rungs
+    }
 
     names = {**scope_names(reg, workload), "reads": frozenset(reg.reads)}
     uses: dict[str, frozenset[tuple[str, str]]] = {}  # read -> (rung, metric) it uses, through other reads too
@@ -57,7 +62,9 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
         metrics = sorted({metric for _, metric in references})
         differing = [key for key in regrouping if len({values[rung][key] for rung in compared}) > 1]
         if len(compared) > 1 and differing:
-            settings = "; ".join(f"{key}: " + ", ".join(f"{rung}={values[rung][key]}" for rung in compared) for key in differing)
+            settings = "; ".join(
+                f"{key}: " + ", ".join(f"{rung}={values[rung][key]}" for rung in compared) for key in differing
+            )
             problems.append(f"{where} = {text!r} compares {', '.join(metrics)} across rungs {', '.join(compared)}, whose "
                             f"steps group the samples differently ({settings}): not a paired comparison "
                             f"(seed 002: paired arms must share the flag)")  # fmt: skip

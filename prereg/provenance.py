@@ -25,8 +25,12 @@ def git_state(cwd: Path) -> dict[str, Any]:
         # A copy of the tree without its .git (a lent GPU machine): the launcher states the commit it copied.
         stated = os.environ.get("PREREG_GIT_COMMIT")
         if stated:
-            return {"commit": stated, "dirty": os.environ.get("PREREG_GIT_DIRTY") == "1", "diff_hash": os.environ.get("PREREG_GIT_DIFF_HASH"),
-                    "stated_by": "PREREG_GIT_COMMIT"}
+            return {
+                "commit": stated,
+                "dirty": os.environ.get("PREREG_GIT_DIRTY") == "1",
+                "diff_hash": os.environ.get("PREREG_GIT_DIFF_HASH"),
+                "stated_by": "PREREG_GIT_COMMIT",
+            }
         return {"commit": None, "dirty": None, "diff_hash": None}
     diff = _git(["diff", "HEAD", "--no-color", "--no-ext-diff"], cwd) or ""
     untracked = _git(["ls-files", "--others", "--exclude-standard"], cwd) or ""

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prereg.registry import get_workload
 from prereg.rules import RuleError, Scope, compile_expr
-from prereg.workload import WorkloadDeclaration, get_workload
+from prereg.workload import WorkloadDeclaration
 
 # No "." in ids: amendments and review name fields by dotted paths (items.P1.oracles.P1a.bounds), and an id with a
 # dot would make a path ambiguous, letting a change to something measured pass as a change to something else.
@@ -126,8 +127,10 @@ class Protocol(Strict):
             # One process, one model load: the rungs may differ in their items (switches), not in their config.
             differing = [r.id for r in self.rungs if r.config]
             if differing:
-                raise ValueError(f"an interleaved schedule shares one model load, so rungs cannot set their own config; "
-                                 f"rungs {differing} do: move it to protocol.config or use schedule = \"sequential\"")
+                raise ValueError(
+                    f"an interleaved schedule shares one model load, so rungs cannot set their own config; "
+                    f'rungs {differing} do: move it to protocol.config or use schedule = "sequential"'
+                )
         if self.kind == "compare" and self.pass_rule:
             raise ValueError('pass_rule belongs to until_pass ladders; set kind = "until_pass" or remove it')
         return self
@@ -163,7 +166,9 @@ class KillLine(Strict):
 
 class Expectation(Strict):
     n: int = Field(ge=1)
-    part: str | None = Field(default=None, pattern=r"^[a-z]$", description="a seed expectation with several confidences: 3a, 3b")
+    part: str | None = Field(
+        default=None, pattern=r"^[a-z]$", description="a seed expectation with several confidences: 3a, 3b"
+    )
     claim: str
     confidence: Confidence
     check: str
@@ -218,7 +223,9 @@ def _check_unique(where: str, kind: str, ids: list[str]) -> None:
 def _check_config(where: str, config: dict[str, Any], workload: WorkloadDeclaration) -> None:
     for key, value in config.items():
         if key not in workload.config_keys:
-            raise ValueError(f"{where}: unknown config key {key!r}; {workload.name} takes {sorted(workload.config_keys)}")
+            raise ValueError(
+                f"{where}: unknown config key {key!r}; {workload.name} takes {sorted(workload.config_keys)}"
+            )
         expected = workload.config_keys[key].type
         ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -257,7 +264,9 @@ def resolve_references(reg: Registration) -> None:
     except ValueError as error:
         raise ValueError(f"workload: {error}") from None
     if reg.profile not in workload.profiles:
-        raise ValueError(f"profile: {reg.profile!r} is not a profile of {workload.name}; it has {sorted(workload.profiles)}")
+        raise ValueError(
+            f"profile: {reg.profile!r} is not a profile of {workload.name}; it has {sorted(workload.profiles)}"
+        )
 
     item_ids = [i.id for i in reg.items]
     oracle_ids = [o.id for i in reg.items for o in i.oracles]
@@ -272,24 +281,34 @@ def resolve_references(reg: Registration) -> None:
     if clash:
         raise ValueError(f"items: ids {sorted(clash)} name both an item and an oracle; passed(id) must be unambiguous")
     if "PASS" in rung_ids:
-        raise ValueError("protocol.rungs: rung id 'PASS' is reserved: it names the rung that passed an until_pass ladder")
+        raise ValueError(
+            "protocol.rungs: rung id 'PASS' is reserved: it names the rung that passed an until_pass ladder"
+        )
 
     switches_used = [i.switch for i in reg.items]
     _check_unique("items.*.switch", "switch (one item per switch)", switches_used)
     for item in reg.items:
         if item.switch not in workload.switches:
-            raise ValueError(f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has {sorted(workload.switches)}")
+            raise ValueError(
+                f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has {sorted(workload.switches)}"
+            )
         for oracle in item.oracles:
             where = f"items.{item.id}.oracles.{oracle.id}"
             probe = workload.probes.get(oracle.probe)
             if probe is None:
-                raise ValueError(f"{where}.probe: {oracle.probe!r} is not a probe of {workload.name}; it has {sorted(workload.probes)}")
+                raise ValueError(
+                    f"{where}.probe: {oracle.probe!r} is not a probe of {workload.name}; it has {sorted(workload.probes)}"
+                )
             if oracle.kind not in probe.oracle_kinds:
-                raise ValueError(f"{where}.kind: probe {probe.name} cannot be judged by a {oracle.kind} oracle; it supports {sorted(probe.oracle_kinds)}")
+                raise ValueError(
+                    f"{where}.kind: probe {probe.name} cannot be judged by a {oracle.kind} oracle; it supports {sorted(probe.oracle_kinds)}"
+                )
             if oracle.kind == "tolerance":
                 unknown = sorted(set(oracle.bounds) - probe.observes)
                 if unknown:
-                    raise ValueError(f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes {sorted(probe.observes)}")
+                    raise ValueError(
+                        f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes {sorted(probe.observes)}"
+                    )
 
     _check_config("protocol.config", reg.protocol.config, workload)
     for rung in reg.protocol.rungs:
@@ -345,7 +364,11 @@ def resolve_references(reg: Registration) -> None:
             raise ValueError(f'{where}.at: "save" waits for save boundaries, but protocol.save_every = 0')
 
     for expectation in reg.expectations:
-        _compile(f"expectations.{expectation.n}.check", expectation.check, Scope(kind="expectations", reads=read_names, **names))
+        _compile(
+            f"expectations.{expectation.n}.check",
+            expectation.check,
+            Scope(kind="expectations", reads=read_names, **names),
+        )
 
 
 def _check_acyclic(dependencies: dict[str, frozenset[str]]) -> None:
@@ -355,7 +378,7 @@ def _check_acyclic(dependencies: dict[str, frozenset[str]]) -> None:
         if state.get(name) == 2:
             return
         if state.get(name) == 1:
-            cycle = path[path.index(name):] + [name]
+            cycle = path[path.index(name) :] + [name]
             raise ValueError(f"reads form a cycle: {' -> '.join(cycle)}")
         state[name] = 1
         for dep in sorted(dependencies.get(name, ())):

@@ -21,8 +21,8 @@ from typing import Any
 from prereg.canonical import decode_nonfinite
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
+from prereg.registry import get_workload
 from prereg.schema import Registration
-from prereg.workload import get_workload
 
 RUN_KINDS = ("run-start", "run-end", "interrupted", "kill", "gate", "ceiling")
 
@@ -50,13 +50,17 @@ class RungRun:
     external: bool
     start_seq: int
     windows: list[dict[str, Any]] = field(default_factory=list)
-    totals: dict[str, Any] = field(default_factory=dict)  # run-end metrics (rc, steps, load_s, gpu_s) or recorded summary
+    totals: dict[str, Any] = field(
+        default_factory=dict
+    )  # run-end metrics (rc, steps, load_s, gpu_s) or recorded summary
     flagged: str | None = None  # why a recorded rung is kept out of every read
     kill: dict[str, Any] | None = None
     primed_from: str | None = None  # C' re-runs C after a contingency dropped items
     provenance: str | None = None
     n_windows: int = 0
-    ended_by: dict[str, Any] | None = None  # {"kill": id} | {"signal": name} | {"budget": True} | {"ceiling": True} | {"error": …}
+    ended_by: dict[str, Any] | None = (
+        None  # {"kill": id} | {"signal": name} | {"budget": True} | {"ceiling": True} | {"error": …}
+    )
     memory_snapshots: tuple[str, ...] = ()  # allocation snapshots a `memory_snapshot` rung wrote (paths on its machine)
 
 
@@ -118,7 +122,16 @@ class RegistrationState:
                 }
         for kill in self.kills:
             for item in kill.get("drops", []):
-                out.setdefault(item, {"cause": "kill", "kill": kill["kill"], "rung": kill["rung"], "step": kill.get("step"), "reason": kill.get("reason", "")})
+                out.setdefault(
+                    item,
+                    {
+                        "cause": "kill",
+                        "kill": kill["kill"],
+                        "rung": kill["rung"],
+                        "step": kill.get("step"),
+                        "reason": kill.get("reason", ""),
+                    },
+                )
         return out
 
     def rungs_with_data(self) -> frozenset[str]:
@@ -138,14 +151,45 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
         data = entry.data
         counts[entry.kind] = counts.get(entry.kind, 0) + 1
         if entry.kind in ("freeze", "amend"):
-            versions.append(Version(entry.seq, len(versions), data["document"], data["doc_hash"], data.get("reason"), tuple(data.get("post_hoc", ())), entry.ts))
+            versions.append(
+                Version(
+                    entry.seq,
+                    len(versions),
+                    data["document"],
+                    data["doc_hash"],
+                    data.get("reason"),
+                    tuple(data.get("post_hoc", ())),
+                    entry.ts,
+                )
+            )
         elif entry.kind == "oracle":
             # An oracle's first result is its result: a later observation never un-drops an item (never re-toleranced).
-            oracles.setdefault(data["oracle"], OracleResult(
-                data["oracle"], data["item"], data["kind"], data["observed"], data["bounds"], data["passed"], data["reason"], data["version"], data.get("external", False), entry.seq
-            ))
+            oracles.setdefault(
+                data["oracle"],
+                OracleResult(
+                    data["oracle"],
+                    data["item"],
+                    data["kind"],
+                    data["observed"],
+                    data["bounds"],
+                    data["passed"],
+                    data["reason"],
+                    data["version"],
+                    data.get("external", False),
+                    entry.seq,
+                ),
+            )
         elif entry.kind == "run-start":
-            runs[entry.ref] = RungRun(entry.ref, data["rung"], tuple(data["items"]), data["version"], "running", False, entry.seq, primed_from=data.get("primed_from"))
+            runs[entry.ref] = RungRun(
+                entry.ref,
+                data["rung"],
+                tuple(data["items"]),
+                data["version"],
+                "running",
+                False,
+                entry.seq,
+                primed_from=data.get("primed_from"),
+            )
         elif entry.kind == "run-end":
             run = runs[entry.ref]
             run.status = data["status"]
@@ -166,28 +210,52 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
             for rung_id, rung in data["rungs"].items():
                 run_id = f"record-{entry.seq}-{rung_id}"
                 runs[run_id] = RungRun(
-                    run_id, rung_id, tuple(rung["items"]), data["version"], rung["status"], True, entry.seq,
-                    windows=[decode_nonfinite(w) for w in rung.get("windows", [])], totals=decode_nonfinite(rung.get("metrics", {})),
+                    run_id,
+                    rung_id,
+                    tuple(rung["items"]),
+                    data["version"],
+                    rung["status"],
+                    True,
+                    entry.seq,
+                    windows=[decode_nonfinite(w) for w in rung.get("windows", [])],
+                    totals=decode_nonfinite(rung.get("metrics", {})),
                     flagged=rung.get("flagged"),
-                    provenance=data["provenance"], n_windows=len(rung.get("windows", [])),
+                    provenance=data["provenance"],
+                    n_windows=len(rung.get("windows", [])),
                 )
         elif entry.kind == "verdict":
             verdicts.append(entry)
     if not versions:
-        raise Refused(f"registration {reg_id!r} is not frozen in this ledger", fix=f"prereg freeze registrations/{reg_id}.toml")
+        raise Refused(
+            f"registration {reg_id!r} is not frozen in this ledger", fix=f"prereg freeze registrations/{reg_id}.toml"
+        )
     windows = ledger.count_by(reg_id, "window")
     for run_id, n in windows.items():
         if run_id in runs:
             runs[run_id].n_windows = n
             if with_windows and n:
-                runs[run_id].windows = [decode_nonfinite(e.data) for e in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)]
+                runs[run_id].windows = [
+                    decode_nonfinite(e.data) for e in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)
+                ]
     counts["window"] = sum(windows.values())
-    return RegistrationState(reg_id, versions, oracles, sorted(runs.values(), key=lambda r: r.start_seq), kills, verdicts, counts, gates, ceilings)
+    return RegistrationState(
+        reg_id,
+        versions,
+        oracles,
+        sorted(runs.values(), key=lambda r: r.start_seq),
+        kills,
+        verdicts,
+        counts,
+        gates,
+        ceilings,
+    )
 
 
 def require_frozen(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> RegistrationState:
     if reg_id not in ledger.reg_ids():
-        raise Refused(f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml")
+        raise Refused(
+            f"registration {reg_id!r} is not frozen in {ledger.url}", fix=f"prereg freeze registrations/{reg_id}.toml"
+        )
     return load_state(ledger, reg_id, with_windows=with_windows)
 
 
@@ -232,4 +300,8 @@ def check_record_rungs(reg: Registration, rung_ids: list[str], where: str) -> No
     known = [r.id for r in reg.protocol.rungs]
     for rung_id in rung_ids:
         if rung_id not in known:
-            raise InvalidInput(f"rungs.{rung_id}: not a rung of {reg.id}; rungs are {known}", where=where, fix="record only planned rungs (amend to add a rung first)")
+            raise InvalidInput(
+                f"rungs.{rung_id}: not a rung of {reg.id}; rungs are {known}",
+                where=where,
+                fix="record only planned rungs (amend to add a rung first)",
+            )

@@ -18,10 +18,10 @@ from typing import Any
 from prereg.canonical import canonical_hash
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
+from prereg.registry import get_workload
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import ConditionalLand, Registration
 from prereg.state import RegistrationState, RungRun, load_state, summarize
-from prereg.workload import get_workload
 
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0  # fixed: the interval is part of the recorded verdict and must be reproducible
@@ -51,7 +51,9 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
         candidates = [r for r in state.runs if r.rung in (planned.id, primed(planned.id)) and _usable(r)]
         flagged = [r for r in state.runs if r.rung == planned.id and r.flagged]
         if planned.skip:
-            views[planned.id] = RungView(planned.id, planned, None, {}, {}, f"rung {planned.id} was not run: {planned.skip}")
+            views[planned.id] = RungView(
+                planned.id, planned, None, {}, {}, f"rung {planned.id} was not run: {planned.skip}"
+            )
             continue
         acceptable = ("finished", "killed", "failed", "over-ceiling") if until_pass else ("finished",)
         # A run measured with other items than the plan now has (a later drop) is stale: never read.
@@ -66,8 +68,10 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
             if last.kill:
                 why = f"rung {planned.id} was killed at step {last.kill.get('step')} by {last.kill.get('kill')}"
             elif sorted(last.items) != sorted(planned.items):
-                why = (f"rung {planned.id} ran with items {list(last.items)}, but the plan now runs {list(planned.items)} "
-                       "(an item was dropped after it ran): it needs a re-run")
+                why = (
+                    f"rung {planned.id} ran with items {list(last.items)}, but the plan now runs {list(planned.items)} "
+                    "(an item was dropped after it ran): it needs a re-run"
+                )
             else:
                 why = f"rung {planned.id} has no finished run (last: {last.status})"
         elif flagged:
@@ -81,7 +85,14 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
 class VerdictEnv:
     """The rule language's view of a registration's measurements (prereg.rules.Env)."""
 
-    def __init__(self, reg: Registration, state: RegistrationState, views: dict[str, RungView], passed_rung: str | None, pass_reason: str | None):
+    def __init__(
+        self,
+        reg: Registration,
+        state: RegistrationState,
+        views: dict[str, RungView],
+        passed_rung: str | None,
+        pass_reason: str | None,
+    ):
         self.reg = reg
         self.state = state
         self.views = views
@@ -188,7 +199,9 @@ class PassRuleEnv(VerdictEnv):
         return self.view.summary[name]
 
 
-def judge_until_pass(state: RegistrationState, views: dict[str, RungView], base: VerdictEnv) -> tuple[str | None, list[dict[str, Any]], str]:
+def judge_until_pass(
+    state: RegistrationState, views: dict[str, RungView], base: VerdictEnv
+) -> tuple[str | None, list[dict[str, Any]], str]:
     """Rungs in order; the first whose pass rule (the one in force when it was measured) holds passes."""
     rejected: list[dict[str, Any]] = []
     for rung_id, view in views.items():
@@ -200,15 +213,30 @@ def judge_until_pass(state: RegistrationState, views: dict[str, RungView], base:
         reg_then = state.registration_at(view.run.version)
         rule_text = reg_then.protocol.pass_rule
         assert rule_text, "until_pass ladders always have a pass rule"
-        scope = Scope(kind="pass_rule", rungs=frozenset(r.id for r in reg_then.protocol.rungs), metrics=read_scope(base.reg).metrics,
-                      items=frozenset(i.id for i in reg_then.items), oracles=frozenset(o.id for i in reg_then.items for o in i.oracles),
-                      kills=frozenset([k.id for k in reg_then.kill] + [r.id for r in reg_then.protocol.rungs]))
+        scope = Scope(
+            kind="pass_rule",
+            rungs=frozenset(r.id for r in reg_then.protocol.rungs),
+            metrics=read_scope(base.reg).metrics,
+            items=frozenset(i.id for i in reg_then.items),
+            oracles=frozenset(o.id for i in reg_then.items for o in i.oracles),
+            kills=frozenset([k.id for k in reg_then.kill] + [r.id for r in reg_then.protocol.rungs]),
+        )
         value = compile_expr(rule_text, scope).evaluate(PassRuleEnv(base, view))
         shown = {m: view.summary.get(m) for m in sorted(view.summary) if m in rule_text}
         if value is True:
             return rung_id, rejected, f"{rung_id} passed `{rule_text}` with {shown}"
-        reason = f"`{rule_text}` is {'undefined: ' + value.reason if isinstance(value, Undefined) else 'false'} with {shown}"
-        rejected.append({"rung": rung_id, "result": "rejected", "pass_rule": rule_text, "version": view.run.version, "reason": reason})
+        reason = (
+            f"`{rule_text}` is {'undefined: ' + value.reason if isinstance(value, Undefined) else 'false'} with {shown}"
+        )
+        rejected.append(
+            {
+                "rung": rung_id,
+                "result": "rejected",
+                "pass_rule": rule_text,
+                "version": view.run.version,
+                "reason": reason,
+            }
+        )
     return None, rejected, "no rung passed"
 
 
@@ -229,8 +257,7 @@ def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any
     }
     targets = [name for name, value in reads.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
     dependent = [
-        name for name in targets
-        if any(pair in resamplable for pair in env.compiled_read(name).rung_metrics_used())
+        name for name in targets if any(pair in resamplable for pair in env.compiled_read(name).rung_metrics_used())
     ]
     if not dependent:
         return {}
@@ -249,7 +276,9 @@ def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any
             else:
                 sample = [values[rng.randrange(len(values))] for _ in values]
             how = workload_metrics[metric].summary
-            overrides[(rung_id, metric)] = statistics.median(sample) if how == "median" else max(sample) if how == "max" else sample[-1]
+            overrides[(rung_id, metric)] = (
+                statistics.median(sample) if how == "median" else max(sample) if how == "max" else sample[-1]
+            )
         trial = VerdictEnv(env.reg, env.state, env.views, env.passed_rung, env.pass_reason)
         trial._compiled = env._compiled
         trial.overrides = overrides
@@ -297,8 +326,14 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
     rule_trace = []
     for rule in reg.rules:
         value = compile_expr(rule.when, rules_scope).evaluate(base)
-        rule_trace.append({"rule": rule.id, "when": rule.when, "value": _json_value(value) if not isinstance(value, Undefined) else None,
-                           "undefined": value.reason if isinstance(value, Undefined) else None})
+        rule_trace.append(
+            {
+                "rule": rule.id,
+                "when": rule.when,
+                "value": _json_value(value) if not isinstance(value, Undefined) else None,
+                "undefined": value.reason if isinstance(value, Undefined) else None,
+            }
+        )
         if value is True:
             fired = rule
             break
@@ -311,7 +346,14 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         for entry in fired.land:
             if isinstance(entry, ConditionalLand):
                 value = compile_expr(entry.if_, rules_scope).evaluate(base)
-                conditional.append({"item": entry.item, "if": entry.if_, "value": _json_value(value), "undefined": value.reason if isinstance(value, Undefined) else None})
+                conditional.append(
+                    {
+                        "item": entry.item,
+                        "if": entry.if_,
+                        "value": _json_value(value),
+                        "undefined": value.reason if isinstance(value, Undefined) else None,
+                    }
+                )
                 (land if value is True else park).append(entry.item)
             else:
                 land.append(entry)
@@ -327,22 +369,43 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
     for expectation in reg.expectations:
         value = compile_expr(expectation.check, exp_scope).evaluate(base)
         result = "undefined" if isinstance(value, Undefined) else "hit" if value is True else "miss"
-        expectations.append({"n": expectation.n, "part": expectation.part, "claim": expectation.claim, "confidence": expectation.confidence, "check": expectation.check,
-                             "result": result, "why": value.reason if isinstance(value, Undefined) else None})
+        expectations.append(
+            {
+                "n": expectation.n,
+                "part": expectation.part,
+                "claim": expectation.claim,
+                "confidence": expectation.confidence,
+                "check": expectation.check,
+                "result": result,
+                "why": value.reason if isinstance(value, Undefined) else None,
+            }
+        )
 
     rungs = []
     for rung_id, view in views.items():
         # The spread of the finite samples: a NaN window shows in the summary, and NaN has no place in a min/max.
         finite_samples = {m: [x for x in v if math.isfinite(x)] for m, v in view.samples.items()}
         spread = {m: [min(v), max(v)] for m, v in finite_samples.items() if len(v) >= 2}
-        rungs.append({
-            "rung": rung_id, "items": list(view.planned.items), "skip": view.planned.skip,
-            "run": view.run.run_id if view.run else None, "status": view.run.status if view.run else None,
-            "external": view.run.external if view.run else None, "version": view.run.version if view.run else None,
-            "windows": len([w for w in view.run.windows if w.get("step", 0) > reg.protocol.discard_first]) if view.run else 0,
-            "summary": {k: _json_value(v) for k, v in view.summary.items()}, "spread": spread, "why_undefined": view.why_undefined,
-        })
-    flagged = [{"rung": r.rung, "run": r.run_id, "items": list(r.items), "why": r.flagged} for r in state.runs if r.flagged]
+        rungs.append(
+            {
+                "rung": rung_id,
+                "items": list(view.planned.items),
+                "skip": view.planned.skip,
+                "run": view.run.run_id if view.run else None,
+                "status": view.run.status if view.run else None,
+                "external": view.run.external if view.run else None,
+                "version": view.run.version if view.run else None,
+                "windows": len([w for w in view.run.windows if w.get("step", 0) > reg.protocol.discard_first])
+                if view.run
+                else 0,
+                "summary": {k: _json_value(v) for k, v in view.summary.items()},
+                "spread": spread,
+                "why_undefined": view.why_undefined,
+            }
+        )
+    flagged = [
+        {"rung": r.rung, "run": r.run_id, "items": list(r.items), "why": r.flagged} for r in state.runs if r.flagged
+    ]
     cost = cost_summary(reg, state)
     verdict = {
         "registration": reg_id,
@@ -385,9 +448,15 @@ def cost_summary(reg: Registration, state: RegistrationState) -> dict[str, Any]:
     split["oracle"] = float(sum(g.get("gpu_s", 0.0) for g in state.gates))
     total = sum(split.values())
     ceiling_s = reg.cost.ceiling_gpu_h * 3600
-    return {"gpu_s": round(total, 3), "ceiling_gpu_s": ceiling_s, "split": {k: round(v, 3) for k, v in split.items()},
-            "per_rung": {k: round(v, 3) for k, v in per_rung.items()}, "overrun": total > ceiling_s, "on_ceiling": reg.cost.on_ceiling,
-            "ceiling_events": state.ceilings}
+    return {
+        "gpu_s": round(total, 3),
+        "ceiling_gpu_s": ceiling_s,
+        "split": {k: round(v, 3) for k, v in split.items()},
+        "per_rung": {k: round(v, 3) for k, v in per_rung.items()},
+        "overrun": total > ceiling_s,
+        "on_ceiling": reg.cost.on_ceiling,
+        "ceiling_events": state.ceilings,
+    }
 
 
 def verdict_digest(verdict: dict[str, Any]) -> str:

@@ -7,7 +7,6 @@ The implementation behind a declaration (engine/…) is imported only to run.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,7 +48,9 @@ class Profile:
             raise ValueError(f"profile {self.name}: processes = {self.processes} must be >= 0 (0: one per GPU)")
         if self.device == "cuda" and self.processes not in (0, self.gpus):
             # One process per GPU: each rank owns one device (nccl), so the two counts cannot differ.
-            raise ValueError(f"profile {self.name}: processes = {self.processes} on {self.gpus} GPUs; allowed: 0 or {self.gpus}")
+            raise ValueError(
+                f"profile {self.name}: processes = {self.processes} on {self.gpus} GPUs; allowed: 0 or {self.gpus}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -76,18 +77,3 @@ class WorkloadDeclaration:
     config_keys: dict[str, ConfigKey]
     runner: str  # "module:callable" of the implementation, imported only to run
     notes: dict[str, str] = field(default_factory=dict)
-
-
-# name -> "module:attribute" of its declaration; importing a declaration never imports torch.
-WORKLOADS: dict[str, str] = {
-    "molmo2": "engine.molmo2.declaration:DECLARATION",
-}
-
-
-def get_workload(name: str) -> WorkloadDeclaration:
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; registered workloads are {sorted(WORKLOADS)}")
-    module_name, _, attribute = WORKLOADS[name].partition(":")
-    declaration = getattr(importlib.import_module(module_name), attribute)
-    assert isinstance(declaration, WorkloadDeclaration), WORKLOADS[name]
-    return declaration

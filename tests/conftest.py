@@ -51,7 +51,11 @@ class Cli:
         self.ledger = ledger
         self._runner = CliRunner()
         # A forgotten --ledger lands here, in the test's tmp directory, never in the repository's ledger.db.
-        self._env = {"COLUMNS": CLI_COLUMNS, "NO_COLOR": "1", "PREREG_LEDGER": str(tmp / "unintended-default-ledger.db")}
+        self._env = {
+            "COLUMNS": CLI_COLUMNS,
+            "NO_COLOR": "1",
+            "PREREG_LEDGER": str(tmp / "unintended-default-ledger.db"),
+        }
 
     def __call__(self, *args: str | Path) -> CliResult:
         from cli import app  # here, not at the top: test files that never call the CLI do not import it
@@ -68,7 +72,9 @@ class Cli:
     def ok(self, *args: str | Path) -> CliResult:
         """A verb on this test's ledger that must succeed; its output is shown when it does not."""
         result = self.on_ledger(*args)
-        assert result.exit_code == 0, f"prereg {' '.join(map(str, args))} exited {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+        assert result.exit_code == 0, (
+            f"prereg {' '.join(map(str, args))} exited {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+        )
         return result
 
     def ok_json(self, *args: str | Path) -> dict[str, Any]:
@@ -102,7 +108,9 @@ def ledger_fingerprint(db: Path) -> dict[str, str | None]:
     The -shm index is SQLite's shared memory, rewritten by readers, and carries no content of its own.
     """
     files = {"db": db, "wal": db.with_name(db.name + "-wal")}
-    return {name: hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None for name, path in files.items()}
+    return {
+        name: hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None for name, path in files.items()
+    }
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -321,7 +329,7 @@ def postgres_schemas(postgres_url):
 
 @pytest.fixture(params=LEDGER_BACKENDS)
 def ledger_backend(request) -> str:
-    """"sqlite" or "postgresql": the backend the test runs against (the postgresql one needs a server)."""
+    """ "sqlite" or "postgresql": the backend the test runs against (the postgresql one needs a server)."""
     return request.param
 
 

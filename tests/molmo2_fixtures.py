@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.model import Molmo2Model, init_weights
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import Molmo2Model, init_weights
 from engine.molmo2.switches import HEAD, Switches
 
 PAD_ID = 1  # any base-vocabulary id: padding is masked, never read

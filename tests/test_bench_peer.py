@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import torch
-
 from conftest import REPO
 
 CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "batch", "camera_counts", "max_crops", "warmup",
@@ -51,7 +50,9 @@ def test_attention_pairs_count_the_image_block_and_no_padding():
     sys.path.insert(0, str(REPO / "bench"))
     from peer_molmo2 import attention_pairs
 
-    prefix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 1, 0]]), mm_token_type_ids=torch.tensor([[0, 1, 1, 0]]))
+    prefix = SimpleNamespace(
+        attention_mask=torch.tensor([[1, 1, 1, 0]]), mm_token_type_ids=torch.tensor([[0, 1, 1, 0]])
+    )
     suffix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 0]]))
     assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix, packing=None)) == 16
 
@@ -63,7 +64,7 @@ def test_a_packed_chunk_counts_the_pairs_of_its_padded_self():
     from peer_molmo2 import attention_pairs
     from test_molmo2_execution import MORE_ROWS
 
-    from engine.molmo2.packing import pack
+    from engine.molmo2.attention.packing import pack
 
     padded = make_batch(tiny_config(), MORE_ROWS, seed=13)
     assert attention_pairs(pack(padded, (16, 16))) == attention_pairs(padded) > 0
@@ -82,7 +83,9 @@ def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_pe
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "flex_configs_cpu-tiny.json").read_text())
-    assert {"device", "torch", "dtype", "batch", "seq", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(report["conditions"])
+    assert {"device", "torch", "dtype", "batch", "seq", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(
+        report["conditions"]
+    )
     rows = {row["name"]: row for row in report["rows"]}
     assert "backward on CPU" in rows["default"]["error"]
     for peer in ("sdpa-dense-mask", "sdpa-causal-flash"):
@@ -99,8 +102,8 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
     sys.path.insert(0, str(REPO / "bench"))
     from packed_attention import pad_packing, steps, variants
 
-    from engine.molmo2.packing import packed_prefix_mask, packed_suffix_mask
-    from engine.molmo2.segments import segments_mask
+    from engine.molmo2.attention.packing import packed_prefix_mask, packed_suffix_mask
+    from engine.molmo2.attention.segments import segments_mask
 
     packed, _ = steps("cpu-tiny", pack=True)
     padded, _ = steps("cpu-tiny", pack=False)
@@ -117,14 +120,19 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
         packing, image = pad_packing(chunk.packing, chunk.prefix.mm_token_type_ids, 128)
         assert packing.prefix_doc.shape[1] % 128 == 0 and packing.suffix_doc.shape[1] % 128 == 0
         n = chunk.packing.prefix_doc.shape[1]  # the tail only adds pads that see themselves
-        assert torch.equal(packed_prefix_mask(packing, image)[..., :n, :n], packed_prefix_mask(chunk.packing, chunk.prefix.mm_token_type_ids))
+        assert torch.equal(
+            packed_prefix_mask(packing, image)[..., :n, :n],
+            packed_prefix_mask(chunk.packing, chunk.prefix.mm_token_type_ids),
+        )
         assert packed_suffix_mask(packing).shape[-1] == packing.prefix_doc.shape[1] + packing.suffix_doc.shape[1]
     command = [sys.executable, "bench/packed_attention.py", "--profile", "cpu-tiny", "--warmup", "1", "--repeats", "1",
                "--only", "prefix packed,suffix packed-bounds-128,joined varlen", "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "packed_attention_cpu-tiny.json").read_text())
-    assert {"device", "torch", "dtype", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(report["conditions"])
+    assert {"device", "torch", "dtype", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(
+        report["conditions"]
+    )
     assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed-bounds-128", "joined varlen"]
     assert all("backward on CPU" in row["error"] for row in report["rows"][:2])
     varlen = report["rows"][2]  # the CPU's varlen kernel has a backward: a timed row, as close to flex as fp32 is
@@ -132,22 +140,27 @@ def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
 
 
 def test_the_cudnn_kernel_lays_out_each_varlen_call_as_ragged_segments(tmp_path):
-    """engine/molmo2/cudnn_attention.py hands cuDNN each call of a varlen plan as B padded segments with their real
+    """engine/molmo2/attention/cudnn.py hands cuDNN each call of a varlen plan as B padded segments with their real
     lengths and element offsets into the packed buffers: the lengths are the plan's, the offsets their prefix sums
     times a token's width. On a CPU profile bench/cudnn_varlen_probe.py writes one row saying why it cannot run,
     and exits 0."""
-    from engine.molmo2.cudnn_attention import ragged_layout
-    from engine.molmo2.packing import pack
-
     from molmo2_fixtures import make_batch, tiny_config
     from test_molmo2_execution import MORE_ROWS
+
+    from engine.molmo2.attention.cudnn import ragged_layout
+    from engine.molmo2.attention.packing import pack
 
     plan = pack(make_batch(tiny_config(), MORE_ROWS, seed=13), (16, 16)).packing.segments.joined
     for call in plan.calls:
         layout = ragged_layout(call.cu_q, call.cu_k, heads=4, kv_heads=2, head_dim=16)
         q_lengths, k_lengths = layout.seq_len_q.flatten().tolist(), layout.seq_len_kv.flatten().tolist()
         assert layout.seq_len_q.dtype == torch.int32 and layout.q_offset.dtype == torch.int64
-        assert layout.seq_len_q.shape == (len(q_lengths), 1, 1, 1) and layout.k_offset.shape == (len(q_lengths) + 1, 1, 1, 1)
+        assert layout.seq_len_q.shape == (len(q_lengths), 1, 1, 1) and layout.k_offset.shape == (
+            len(q_lengths) + 1,
+            1,
+            1,
+            1,
+        )
         assert sum(q_lengths) == call.queries.shape[0] and max(q_lengths) == call.max_q
         assert sum(k_lengths) == call.keys.shape[0] and max(k_lengths) == call.max_k
         q_starts = [0] + list(itertools.accumulate(q_lengths))

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import MINI, write
+
 from engine.ladder import Ladder
 from prereg import actions
 from prereg.ledger import Ledger
@@ -19,13 +19,20 @@ CEILING_S = 100.0
 
 
 def ladder_after(tmp_path: Path, on_ceiling: str, spent: list[float]) -> tuple[Ladder, Ledger]:
-    text = MINI.replace("ceiling_gpu_h = 0.5", f"ceiling_gpu_h = {CEILING_S / 3600!r}").replace('on_ceiling = "stop"', f'on_ceiling = "{on_ceiling}"')
+    text = MINI.replace("ceiling_gpu_h = 0.5", f"ceiling_gpu_h = {CEILING_S / 3600!r}").replace(
+        'on_ceiling = "stop"', f'on_ceiling = "{on_ceiling}"'
+    )
     ledger = Ledger.open(str(tmp_path / "ledger.db"), create=True)
     actions.freeze(ledger, write(tmp_path, "mini.toml", text))
     for n, seconds in enumerate(spent):
         run = f"run{n}"
         ledger.append("run-start", "mini", {"rung": "A", "items": [], "version": 0}, ref=run)
-        ledger.append("run-end", "mini", {"rung": "A", "status": "finished", "totals": {"gpu_s": seconds, "load_gpu_s": 5.0}}, ref=run)
+        ledger.append(
+            "run-end",
+            "mini",
+            {"rung": "A", "status": "finished", "totals": {"gpu_s": seconds, "load_gpu_s": 5.0}},
+            ref=run,
+        )
     return Ladder(ledger, "mini", budget_s=None, console=None), ledger
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import MINI, PASSING_ORACLES, Cli, ledger_fingerprint, record_file, rung_record, write
 
 
@@ -74,8 +73,14 @@ def test_verify_json_on_a_missing_ledger_is_one_object(cli: Cli, tmp_path: Path)
     assert result.json()["where"] == str(tmp_path / "none.db")
 
 
-READ_ONLY = [["verdict", "mini"], ["audit", "list"], ["audit", "show", "mini"], ["audit", "verify"], ["audit", "costs"],
-             ["audit", "calibration"]]
+READ_ONLY = [
+    ["verdict", "mini"],
+    ["audit", "list"],
+    ["audit", "show", "mini"],
+    ["audit", "verify"],
+    ["audit", "costs"],
+    ["audit", "calibration"],
+]
 READ_ONLY_CALLS = [words + flag for words in READ_ONLY for flag in ([], ["--json"])] + [["audit", "export"]]
 
 
@@ -101,14 +106,19 @@ def test_the_ledger_comes_from_prereg_ledger_when_not_given(cli: Cli, tmp_path: 
 
 def test_document_text_is_printed_as_written_not_as_markup(cli: Cli, tmp_path: Path) -> None:
     # Rich would read "[rungs.A]" as a style and "[/]" as a closing tag (a crash with nothing open).
-    tricky = (MINI.replace('title = "mini: two items, three rungs"', 'title = "mini [rungs.A] [/] [bold]not bold"')
-              .replace('claim = "P1 alone buys 4%"', 'claim = "P1 alone [/] buys [red]4%"'))
+    tricky = MINI.replace(
+        'title = "mini: two items, three rungs"', 'title = "mini [rungs.A] [/] [bold]not bold"'
+    ).replace('claim = "P1 alone buys 4%"', 'claim = "P1 alone [/] buys [red]4%"')
     document = write(tmp_path, "tricky.toml", tricky)
     checked = cli("check", document)
     assert checked.exit_code == 0, checked.stderr
     assert "mini [rungs.A] [/] [bold]not bold" in checked.stdout
     cli.ok("freeze", document)
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", rung_record("A", [], s_per_step=2.0), provenance="box [rungs.A] [/]"))
+    cli.ok(
+        "record",
+        "mini",
+        record_file(tmp_path, "r.toml", rung_record("A", [], s_per_step=2.0), provenance="box [rungs.A] [/]"),
+    )
     verdict = cli.ok("verdict", "mini").stdout
     assert "P1 alone [/] buys [red]4%" in verdict
     assert "s/step (median [min–max])" in verdict
@@ -127,11 +137,18 @@ def test_errors_are_not_wrapped_mid_path(cli: Cli, tmp_path: Path) -> None:
     deep.mkdir()
     bad = write(deep, "bad.toml", MINI.replace("loss_abs = 1e-3", "loss_abs = nan"))
     message = cli("check", bad).stderr
-    assert f"{bad}:" in message and "items.P1.oracles.P1a.bounds: bound loss_abs = nan must be a finite number >= 0" in message
+    assert (
+        f"{bad}:" in message
+        and "items.P1.oracles.P1a.bounds: bound loss_abs = nan must be a finite number >= 0" in message
+    )
 
 
 def test_json_errors_say_where_and_what_to_do(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
     bad = record_file(tmp_path, "r.toml", rung_record("Z", [], s_per_step=1.0))
     payload = cli.on_ledger("record", "mini", bad, "--json").json()
-    assert payload == {"error": "rungs.Z: not a rung of mini; rungs are ['A', 'B', 'C']", "where": str(bad),
-                       "fix": "record only planned rungs (amend to add a rung first)", "exit_code": 2}
+    assert payload == {
+        "error": "rungs.Z: not a rung of mini; rungs are ['A', 'B', 'C']",
+        "where": str(bad),
+        "fix": "record only planned rungs (amend to add a rung first)",
+        "exit_code": 2,
+    }

@@ -13,15 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import prereg_process
+
 from prereg.ledger import Ledger
 from prereg.state import load_state
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
 
-pytestmark = pytest.mark.xdist_group("engine")  # these tests each start several torch processes: keep them on one worker
+pytestmark = pytest.mark.xdist_group(
+    "engine"
+)  # these tests each start several torch processes: keep them on one worker
 
 
 def _cuda_available() -> bool:
@@ -63,7 +65,9 @@ def state_of(ledger: Path, reg_id: str = "micro"):
 def test_tiny_ladder_end_to_end(tmp_path):
     path, ledger = frozen(tmp_path)
     # --gate-only: every oracle answers, no rung starts, and the summary says what is left.
-    gated = json.loads(prereg("run", "micro", "--file", str(path), "--gate-only", "--json", ledger=ledger, check=True).stdout)
+    gated = json.loads(
+        prereg("run", "micro", "--file", str(path), "--gate-only", "--json", ledger=ledger, check=True).stdout
+    )
     assert (gated["complete"], gated["stopped"], gated["runs"]) == (False, "gate-only", []), gated
     assert gated["remaining"] and not any(r.startswith("oracle ") for r in gated["remaining"]), gated["remaining"]
     oracles_after_gate = state_of(ledger)[0].oracles
@@ -130,7 +134,9 @@ def test_ceiling_stops_the_ladder(tmp_path):
 
 
 def test_on_ceiling_continue_runs_every_rung_and_records_each_overrun(tmp_path):
-    text = MICRO.replace("ceiling_gpu_h = 0.5", "ceiling_gpu_h = 0.0003").replace('on_ceiling = "stop"', 'on_ceiling = "continue"')
+    text = MICRO.replace("ceiling_gpu_h = 0.5", "ceiling_gpu_h = 0.0003").replace(
+        'on_ceiling = "stop"', 'on_ceiling = "continue"'
+    )
     path, ledger = frozen(tmp_path, text)
     summary = run_json("micro", path, ledger)
     assert summary["complete"] and summary["stopped"] is None
@@ -139,7 +145,9 @@ def test_on_ceiling_continue_runs_every_rung_and_records_each_overrun(tmp_path):
     assert {r.status for r in state.runs} == {"finished"} and len(state.runs) == len(summary["runs"]) >= 2
     # one ceiling entry before each rung, none hidden: the overrun is recorded, and the ladder went on
     assert len(state.ceilings) == len(state.runs)
-    assert all(c["action"] == "continuing; the overrun is recorded" and c["on_ceiling"] == "continue" for c in state.ceilings)
+    assert all(
+        c["action"] == "continuing; the overrun is recorded" and c["on_ceiling"] == "continue" for c in state.ceilings
+    )
     costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
     assert costs["registrations"][0]["overrun"] is True
 
@@ -204,8 +212,14 @@ def test_unfrozen_registration_is_refused(tmp_path):
 
 
 def _start_run(path: Path, ledger: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "run", "micro", "--file", str(path), "--ledger", str(ledger), "--json"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "run", "micro", "--file", str(path), "--ledger", str(ledger), "--json"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for(ledger: Path, kind: str, timeout: float = 180.0) -> None:
@@ -280,7 +294,7 @@ def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
 
 
 def test_interleaved_schedule_runs_the_rungs_in_one_process_window_by_window(tmp_path):
-    text = MICRO.replace('[protocol]\n', '[protocol]\nschedule = "interleaved"\n')
+    text = MICRO.replace("[protocol]\n", '[protocol]\nschedule = "interleaved"\n')
     path, ledger = frozen(tmp_path, text)
     summary = run_json("micro", path, ledger)
     assert summary["complete"], summary
@@ -295,22 +309,28 @@ def test_interleaved_schedule_runs_the_rungs_in_one_process_window_by_window(tmp
     assert windows == [("A", 2), ("C", 2), ("A", 4), ("C", 4), ("A", 6), ("C", 6)]  # alternating, one model load
 
 
-UNTIL_PASS = MICRO.replace('[protocol]\n', '[protocol]\nkind = "until_pass"\npass_rule = "rc == 0 and steps >= 6"\n').replace(
-    '''  [[protocol.rungs]]
+UNTIL_PASS = (
+    MICRO.replace("[protocol]\n", '[protocol]\nkind = "until_pass"\npass_rule = "rc == 0 and steps >= 6"\n')
+    .replace(
+        """  [[protocol.rungs]]
   id = "A"
   [[protocol.rungs]]
   id = "B"
   items = ["P1"]
   [[protocol.rungs]]
   id = "C"
-  items = ["P1", "P2", "P4"]''', '''  [[protocol.rungs]]
+  items = ["P1", "P2", "P4"]""",
+        """  [[protocol.rungs]]
   id = "R1"
   [[protocol.rungs]]
   id = "R2"
   config = { batch = 1 }
   [[protocol.rungs]]
   id = "R3"
-  config = { batch = 3 }''').split("[reads]")[0] + '''
+  config = { batch = 3 }""",
+    )
+    .split("[reads]")[0]
+    + """
 [[rules]]
 id = "gate-passed"
 when = "defined(PASS.steps)"
@@ -320,17 +340,23 @@ outcome = "launch"
 id = "K-short"
 when = "step >= 2"
 rungs = ["R1"]
-'''
+"""
+)
 
 
-@pytest.mark.parametrize("pass_rule", [
-    "rc == 0 and steps >= 6",
-    # a window metric in the rule: the ladder must judge with the windows, as the verdict does (the H200 F1
-    # ladder ran its rung8 after rung7 had passed `vram_peak_gib <= 125`: the ladder judged without windows)
-    "rc == 0 and steps >= 6 and loss < 1e9",
-])
+@pytest.mark.parametrize(
+    "pass_rule",
+    [
+        "rc == 0 and steps >= 6",
+        # a window metric in the rule: the ladder must judge with the windows, as the verdict does (the H200 F1
+        # ladder ran its rung8 after rung7 had passed `vram_peak_gib <= 125`: the ladder judged without windows)
+        "rc == 0 and steps >= 6 and loss < 1e9",
+    ],
+)
 def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path, pass_rule):
-    path, ledger = frozen(tmp_path, UNTIL_PASS.replace('pass_rule = "rc == 0 and steps >= 6"', f'pass_rule = "{pass_rule}"'))
+    path, ledger = frozen(
+        tmp_path, UNTIL_PASS.replace('pass_rule = "rc == 0 and steps >= 6"', f'pass_rule = "{pass_rule}"')
+    )
     summary = run_json("micro", path, ledger)
     assert summary["complete"], summary
     state, report = state_of(ledger)
@@ -338,7 +364,10 @@ def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path, pass_ru
     assert [(r.rung, r.status) for r in state.runs] == [("R1", "killed"), ("R2", "finished")]  # R3 never runs
     verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
     assert verdict["until_pass"]["passed"] == "R2"
-    assert verdict["until_pass"]["rejected"][0]["rung"] == "R1" and "steps" in verdict["until_pass"]["rejected"][0]["reason"]
+    assert (
+        verdict["until_pass"]["rejected"][0]["rung"] == "R1"
+        and "steps" in verdict["until_pass"]["rejected"][0]["reason"]
+    )
     assert verdict["outcome"] == "launch"
 
 
@@ -385,7 +414,9 @@ def test_a_profile_needing_more_gpus_than_are_visible_is_refused(tmp_path, monke
 
 
 def test_an_interleaved_ladder_whose_rungs_set_their_own_config_is_refused_at_validation(tmp_path):
-    text = MICRO.replace('[protocol]\n', '[protocol]\nschedule = "interleaved"\n').replace('  id = "B"\n', '  id = "B"\n  config = { batch = 1 }\n')
+    text = MICRO.replace("[protocol]\n", '[protocol]\nschedule = "interleaved"\n').replace(
+        '  id = "B"\n', '  id = "B"\n  config = { batch = 1 }\n'
+    )
     path = registration(tmp_path, text)
     result = prereg("check", str(path), ledger=tmp_path / "ledger.db")
     assert result.returncode == 2

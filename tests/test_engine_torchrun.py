@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import prereg_process
+
 from engine.ladder import FORWARDED_SIGNALS, rung_command
 from engine.molmo2.declaration import PROFILES
-from engine.molmo2.distributed import grad_sync_mode
+from engine.molmo2.train.distributed import grad_sync_mode
 from prereg.ledger import Ledger
 from prereg.state import load_state
 from prereg.workload import Profile
@@ -114,8 +114,10 @@ def test_a_two_process_ladder_writes_one_set_of_windows_per_rung(tmp_path):
         assert run.totals["gpu_s"] == pytest.approx(2 * run.totals["wall_s"], rel=1e-3)  # both processes' devices
     assert len(entries(ledger, "run-start")) == 2 and len(entries(ledger, "run-end")) == 2
     parallel = {e.data["rung"]: e.data["parallel"] for e in entries(ledger, "run-end")}
-    assert parallel == {"DDP": {"world_size": 2, "grad_sync": "ddp", "optimizer": "adamw"},
-                        "NOWRAP": {"world_size": 2, "grad_sync": "allreduce", "optimizer": "zero1-adamw"}}
+    assert parallel == {
+        "DDP": {"world_size": 2, "grad_sync": "ddp", "optimizer": "adamw"},
+        "NOWRAP": {"world_size": 2, "grad_sync": "allreduce", "optimizer": "zero1-adamw"},
+    }
     # Same init, same data, same global batch: the two sync paths train the same model (fp32, reduction order).
     ddp, nowrap = state.runs
     assert [w["loss"] for w in ddp.windows] == pytest.approx([w["loss"] for w in nowrap.windows], rel=1e-5)
@@ -150,8 +152,13 @@ def test_a_sigkilled_ladder_takes_its_ranks_with_it(tmp_path):
     it) must not leave them running — rank 0 would go on writing a run that the next `prereg run` calls
     interrupted."""
     path, ledger = frozen(tmp_path, LONG)
-    ladder = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "run", "ranks", "--file", str(path), "--ledger", str(ledger), "--json"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ladder = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "run", "ranks", "--file", str(path), "--ledger", str(ledger), "--json"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: entries(ledger, "window"), 120, "a first window")
     finally:
@@ -176,7 +183,7 @@ def test_a_profile_of_several_processes_launches_its_rungs_under_torchrun():
     two = rung_command(PROFILES["cpu-tiny-x2"], ["--reg", "x"])
     assert two[0] == "torch.distributed.run" and two[two.index("--nproc-per-node") + 1] == "2"
     assert two[two.index("--signals-to-handle") + 1] == FORWARDED_SIGNALS and "SIGUSR1" in FORWARDED_SIGNALS
-    assert two[two.index("-m") + 1:] == ["engine.rung", "--reg", "x", "--device", "cpu"]
+    assert two[two.index("-m") + 1 :] == ["engine.rung", "--reg", "x", "--device", "cpu"]
     gpus = rung_command(PROFILES["h200x2-4b"], [])
     assert gpus[gpus.index("--nproc-per-node") + 1] == "2" and gpus[-2:] == ["--device", "cuda"]
     assert PROFILES["h200-4b"].world_size == 1 and PROFILES["h200x2-4b"].world_size == 2

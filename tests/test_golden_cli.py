@@ -29,8 +29,12 @@ def assert_golden(name: str, text: str) -> None:
         return
     assert path.exists(), f"{path} is missing: run the tests with PREREG_UPDATE_GOLDEN=1 to write it"
     expected = path.read_text(encoding="utf-8")
-    diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "now"))
-    assert text == expected, f"output differs from {path} (PREREG_UPDATE_GOLDEN=1 rewrites it if the change is intended):\n{diff}"
+    diff = "".join(
+        difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "now")
+    )
+    assert text == expected, (
+        f"output differs from {path} (PREREG_UPDATE_GOLDEN=1 rewrites it if the change is intended):\n{diff}"
+    )
 
 
 def test_normalization_keeps_what_matters() -> None:

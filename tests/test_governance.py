@@ -29,10 +29,12 @@ def test_freezing_twice_is_a_noop(cli: Cli, mini: Path) -> None:
 def test_a_formatting_only_change_is_the_same_document(cli: Cli, mini: Path, tmp_path: Path) -> None:
     first = cli.ok_json("freeze", mini)
     # Comments, blank lines, spacing, key order inside a table and another spelling of the same float.
-    reformatted = (
-        MINI.replace('title = "mini: two items, three rungs"\nquestion = "does P1 (and P2) make a step faster?"',
-                     '# reformatted by hand\nquestion   =   "does P1 (and P2) make a step faster?"\n\n\ntitle = "mini: two items, three rungs"')
-        .replace("bounds = { loss_abs = 1e-3, grad_norm_rel = 1e-2 }", "bounds = {grad_norm_rel=0.01,loss_abs=0.001}  # the frozen bounds")
+    reformatted = MINI.replace(
+        'title = "mini: two items, three rungs"\nquestion = "does P1 (and P2) make a step faster?"',
+        '# reformatted by hand\nquestion   =   "does P1 (and P2) make a step faster?"\n\n\ntitle = "mini: two items, three rungs"',
+    ).replace(
+        "bounds = { loss_abs = 1e-3, grad_norm_rel = 1e-2 }",
+        "bounds = {grad_norm_rel=0.01,loss_abs=0.001}  # the frozen bounds",
     )
     assert reformatted != MINI
     other = write(tmp_path, "mini-reformatted.toml", reformatted)
@@ -43,7 +45,9 @@ def test_a_formatting_only_change_is_the_same_document(cli: Cli, mini: Path, tmp
     assert ledger_fingerprint(cli.ledger) == before
 
 
-def test_a_changed_document_under_a_frozen_id_is_refused_with_the_way_forward(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_a_changed_document_under_a_frozen_id_is_refused_with_the_way_forward(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     changed = write(tmp_path, "mini-changed.toml", MINI.replace("loss_abs = 1e-3", "loss_abs = 2e-3"))
     before = ledger_fingerprint(cli.ledger)
     result = cli.on_ledger("freeze", changed)
@@ -60,24 +64,63 @@ def test_a_changed_document_under_a_frozen_id_is_refused_with_the_way_forward(cl
 
 
 def test_rungs_reads_and_rules_may_be_added_before_the_data(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    rung = cli.ok_json("amend", "mini", amendment(tmp_path, "1.toml", '[[add.protocol.rungs]]\nid = "D"\nitems = ["P2"]\n', "rung D: P2 alone"))
-    read = cli.ok_json("amend", "mini", amendment(tmp_path, "2.toml", '[add.reads]\np2_alone = "(A.s_per_step - D.s_per_step) / A.s_per_step"\n', "read P2 alone"))
-    rule = cli.ok_json("amend", "mini", amendment(tmp_path, "3.toml", '[[add.rules]]\nid = "R-p2"\nwhen = "p2_alone >= 0.02"\noutcome = "land-p2"\nland = ["P2"]\n', "rule for P2"))
+    rung = cli.ok_json(
+        "amend",
+        "mini",
+        amendment(tmp_path, "1.toml", '[[add.protocol.rungs]]\nid = "D"\nitems = ["P2"]\n', "rung D: P2 alone"),
+    )
+    read = cli.ok_json(
+        "amend",
+        "mini",
+        amendment(
+            tmp_path,
+            "2.toml",
+            '[add.reads]\np2_alone = "(A.s_per_step - D.s_per_step) / A.s_per_step"\n',
+            "read P2 alone",
+        ),
+    )
+    rule = cli.ok_json(
+        "amend",
+        "mini",
+        amendment(
+            tmp_path,
+            "3.toml",
+            '[[add.rules]]\nid = "R-p2"\nwhen = "p2_alone >= 0.02"\noutcome = "land-p2"\nland = ["P2"]\n',
+            "rule for P2",
+        ),
+    )
     assert [rung["version"], read["version"], rule["version"]] == [1, 2, 3]
-    assert rung["changed"] == ["protocol.rungs.D"] and read["changed"] == ["reads.p2_alone"] and rule["changed"] == ["rules.R-p2"]
+    assert (
+        rung["changed"] == ["protocol.rungs.D"]
+        and read["changed"] == ["reads.p2_alone"]
+        and rule["changed"] == ["rules.R-p2"]
+    )
     assert rung["post_hoc"] == read["post_hoc"] == rule["post_hoc"] == []
 
     shown = cli.ok_json("audit", "show", "mini")
     assert [(v["version"], v["reason"], v["post_hoc"]) for v in shown["versions"]] == [
-        (0, None, []), (1, "rung D: P2 alone", []), (2, "read P2 alone", []), (3, "rule for P2", [])]
+        (0, None, []),
+        (1, "rung D: P2 alone", []),
+        (2, "read P2 alone", []),
+        (3, "rule for P2", []),
+    ]
     assert len({v["doc_hash"] for v in shown["versions"]}) == 4
     text = cli.ok("audit", "show", "mini").stdout
     for reason in ("rung D: P2 alone", "read P2 alone", "rule for P2"):
         assert reason in text
     assert "POST-HOC" not in text
 
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES,
-                                         rung_record("A", [], s_per_step=2.0), rung_record("D", ["P2"], s_per_step=1.9)))
+    cli.ok(
+        "record",
+        "mini",
+        record_file(
+            tmp_path,
+            "r.toml",
+            PASSING_ORACLES,
+            rung_record("A", [], s_per_step=2.0),
+            rung_record("D", ["P2"], s_per_step=1.9),
+        ),
+    )
     verdict = cli.ok_json("verdict", "mini")
     assert verdict["version"] == 3
     assert abs(verdict["reads"]["p2_alone"] - 0.05) < 1e-12
@@ -86,7 +129,7 @@ def test_rungs_reads_and_rules_may_be_added_before_the_data(cli: Cli, frozen_min
 
 # --- frozen bounds ------------------------------------------------------------------------------------------
 
-WIDEN_P1A = '[set.items.P1.oracles.P1a.bounds]\nloss_abs = 1e-2\n'
+WIDEN_P1A = "[set.items.P1.oracles.P1a.bounds]\nloss_abs = 1e-2\n"
 BOUND_PATH = "items.P1.oracles.P1a.bounds.loss_abs"
 
 
@@ -141,9 +184,21 @@ def test_a_rule_may_change_before_any_data(cli: Cli, frozen_mini: Path, tmp_path
     assert changed["changed"] == ["rules.R-land.when"] and changed["post_hoc"] == []
 
 
-def test_a_rule_change_after_rung_data_is_post_hoc_and_then_decides(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES, rung_record("A", [], s_per_step=2.0),
-                                         rung_record("B", ["P1"], s_per_step=1.99), rung_record("C", ["P1", "P2"], s_per_step=1.96)))
+def test_a_rule_change_after_rung_data_is_post_hoc_and_then_decides(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
+    cli.ok(
+        "record",
+        "mini",
+        record_file(
+            tmp_path,
+            "r.toml",
+            PASSING_ORACLES,
+            rung_record("A", [], s_per_step=2.0),
+            rung_record("B", ["P1"], s_per_step=1.99),
+            rung_record("C", ["P1", "P2"], s_per_step=1.96),
+        ),
+    )
     assert cli.ok_json("verdict", "mini")["rule"] == "R-hygiene"  # primary = 0.02 < 0.05
     lower = amendment(tmp_path, "lower.toml", LOWER_THE_BAR, "lower the bar after the read")
     before = ledger_fingerprint(cli.ledger)
@@ -160,18 +215,26 @@ def test_a_rule_change_after_rung_data_is_post_hoc_and_then_decides(cli: Cli, fr
 def test_rules_and_expectations_after_oracle_results_are_post_hoc(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
     # A failed oracle is a verdict input: it drops the item, and expectation 1 reads it.
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", "[oracles.P1a]\nloss_abs = 5e-3\ngrad_norm_rel = 1e-3\n"))
-    soften = amendment(tmp_path, "soften.toml", '[set.expectations.1]\ncheck = "passed(\\"P2a\\") or not passed(\\"P2a\\")"\n')
+    soften = amendment(
+        tmp_path, "soften.toml", '[set.expectations.1]\ncheck = "passed(\\"P2a\\") or not passed(\\"P2a\\")"\n'
+    )
     assert cli.on_ledger("amend", "mini", soften).exit_code == REFUSED
-    add_rule = amendment(tmp_path, "rule.toml", '[[add.rules]]\nid = "R-new"\nwhen = "dropped(\\"P1\\")"\noutcome = "give-up"\n')
+    add_rule = amendment(
+        tmp_path, "rule.toml", '[[add.rules]]\nid = "R-new"\nwhen = "dropped(\\"P1\\")"\noutcome = "give-up"\n'
+    )
     assert cli.on_ledger("amend", "mini", add_rule).exit_code == REFUSED
     assert cli.ok_json("amend", "mini", add_rule, "--post-hoc")["post_hoc"] == ["rules.R-new"]
 
 
-def test_adding_a_read_after_data_is_free_but_redefining_one_is_post_hoc(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_adding_a_read_after_data_is_free_but_redefining_one_is_post_hoc(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", rung_record("A", [], s_per_step=2.0)))
     added = cli.ok_json("amend", "mini", amendment(tmp_path, "add.toml", '[add.reads]\nbaseline = "A.s_per_step"\n'))
     assert added["post_hoc"] == []
-    redefine = amendment(tmp_path, "redefine.toml", '[set.reads]\nsecondary = "(A.s_per_step - B.s_per_step) / B.s_per_step"\n')
+    redefine = amendment(
+        tmp_path, "redefine.toml", '[set.reads]\nsecondary = "(A.s_per_step - B.s_per_step) / B.s_per_step"\n'
+    )
     assert cli.on_ledger("amend", "mini", redefine).exit_code == REFUSED
     assert cli.ok_json("amend", "mini", redefine, "--post-hoc")["post_hoc"] == ["reads.secondary"]
 
@@ -221,8 +284,16 @@ def ladder_rung(rung: str, *, vram: float, s_per_step: float) -> str:
 def test_a_pass_rule_change_is_honoured_only_for_rungs_measured_after_it(cli: Cli, tmp_path: Path) -> None:
     cli.ok("freeze", write(tmp_path, "ladder.toml", LADDER))
     cli.ok("record", "memory-ladder", record_file(tmp_path, "r1.toml", ladder_rung("rung1", vram=75.0, s_per_step=2.5)))
-    moved = cli.ok_json("amend", "memory-ladder", amendment(tmp_path, "a.toml", '[set.protocol]\npass_rule = "rc == 0 and vram_peak_gib <= 80"\n',
-                                                           "the true allocated-memory bar"))
+    moved = cli.ok_json(
+        "amend",
+        "memory-ladder",
+        amendment(
+            tmp_path,
+            "a.toml",
+            '[set.protocol]\npass_rule = "rc == 0 and vram_peak_gib <= 80"\n',
+            "the true allocated-memory bar",
+        ),
+    )
     assert moved["post_hoc"] == []  # admissible: it judges only what is measured after it
     cli.ok("record", "memory-ladder", record_file(tmp_path, "r2.toml", ladder_rung("rung2", vram=76.0, s_per_step=2.6)))
 
@@ -253,12 +324,23 @@ def test_an_until_pass_ladder_with_no_passing_rung_leaves_pass_undefined(cli: Cl
 
 
 def test_a_failed_oracle_cannot_be_observed_again_into_a_pass(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "first.toml", "[oracles.P1a]\nloss_abs = 5e-3\ngrad_norm_rel = 1e-3\n"))
-    again = record_file(tmp_path, "again.toml", "[oracles.P1a]\nloss_abs = 5e-4\ngrad_norm_rel = 1e-3\n", rung_record("A", [], s_per_step=2.0))
+    cli.ok(
+        "record", "mini", record_file(tmp_path, "first.toml", "[oracles.P1a]\nloss_abs = 5e-3\ngrad_norm_rel = 1e-3\n")
+    )
+    again = record_file(
+        tmp_path,
+        "again.toml",
+        "[oracles.P1a]\nloss_abs = 5e-4\ngrad_norm_rel = 1e-3\n",
+        rung_record("A", [], s_per_step=2.0),
+    )
     before = ledger_fingerprint(cli.ledger)
     refused = cli.on_ledger("record", "mini", again)
     assert refused.exit_code == REFUSED
-    assert str(again) in refused.stderr and "oracles ['P1a'] already have results" in refused.stderr and "fix:" in refused.stderr
+    assert (
+        str(again) in refused.stderr
+        and "oracles ['P1a'] already have results" in refused.stderr
+        and "fix:" in refused.stderr
+    )
     assert ledger_fingerprint(cli.ledger) == before
     assert set(cli.ok_json("verdict", "mini")["dropped"]) == {"P1"}
 

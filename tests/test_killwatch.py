@@ -7,8 +7,8 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-
 from conftest import MINI
+
 from engine.killwatch import KillWatch
 from prereg.schema import Registration
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REGISTRATIONS, REPO
+
 from prereg.documents import document_hash, load_registration
 from prereg.ledger import Ledger
 from prereg.state import load_state

@@ -13,9 +13,9 @@ import re
 import sqlite3
 
 import pytest
+from conftest import RawLedgerDb
 from sqlalchemy import event
 
-from conftest import RawLedgerDb
 from prereg.canonical import canonical_bytes
 from prereg.errors import InvalidInput, LedgerCorrupt
 from prereg.ledger import Entry, Ledger, VerifyReport, genesis_head, sqlite_wal_reset_affected
@@ -210,14 +210,24 @@ def test_entries_read_back_exactly_as_appended(ledger):
     assert list(ledger.entries()) == written
     for entry in written:
         assert entry.body == canonical_bytes(
-            {"seq": entry.seq, "kind": entry.kind, "reg": entry.reg_id, "ref": entry.ref, "ts": entry.ts,
-             "data": entry.data}
+            {
+                "seq": entry.seq,
+                "kind": entry.kind,
+                "reg": entry.reg_id,
+                "ref": entry.ref,
+                "ts": entry.ts,
+                "data": entry.data,
+            }
         )
 
 
 def test_data_survives_unicode_and_nesting(ledger):
-    data = {"title": "mesure — ß ∑ 🚀", "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}}, "big": 2**70,
-            "nul": "a\x00b"}  # inside the body NUL is escaped (\u0000), so every backend stores it
+    data = {
+        "title": "mesure — ß ∑ 🚀",
+        "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}},
+        "big": 2**70,
+        "nul": "a\x00b",
+    }  # inside the body NUL is escaped (\u0000), so every backend stores it
     ledger.append("record", "r", data)
     (entry,) = ledger.entries()
     assert entry.data == data
@@ -322,8 +332,16 @@ def test_export_format(ledger):
     assert json.loads(lines[0]) == {"ledger": "prereg", "format": 1}
     assert len(lines) == 1 + len(entries)
     third = json.loads(lines[3])
-    assert third == {"seq": 3, "kind": "run-start", "reg": "reg-a", "ref": "run-1", "ts": entries[2].ts,
-                     "data": {"rung": "A"}, "prev_head": entries[2].prev_head, "head": entries[2].head}
+    assert third == {
+        "seq": 3,
+        "kind": "run-start",
+        "reg": "reg-a",
+        "ref": "run-1",
+        "ts": entries[2].ts,
+        "data": {"rung": "A"},
+        "prev_head": entries[2].prev_head,
+        "head": entries[2].head,
+    }
 
 
 def test_checkpoint_keeps_the_ledger_whole(ledger):

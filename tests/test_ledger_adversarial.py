@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RawLedgerDb
+
 from prereg.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,8 +120,15 @@ def test_update_and_delete_are_refused(tmp_path, via, sql):
         # An entry moved: renumbered past the end.
         (["UPDATE entries SET seq = 99 WHERE seq = 4"], 4, "missing"),
         # Two entries swapped (their seq exchanged): the order of events rewritten.
-        (["UPDATE entries SET seq = -3 WHERE seq = 3", "UPDATE entries SET seq = 3 WHERE seq = 4",
-          "UPDATE entries SET seq = 4 WHERE seq = -3"], 3, "link"),
+        (
+            [
+                "UPDATE entries SET seq = -3 WHERE seq = 3",
+                "UPDATE entries SET seq = 3 WHERE seq = 4",
+                "UPDATE entries SET seq = 4 WHERE seq = -3",
+            ],
+            3,
+            "link",
+        ),
         # Two bodies swapped under the same heads.
         (["UPDATE entries SET body = (SELECT body FROM entries e WHERE e.seq = 8) WHERE seq = 9"], 9, "hash"),
         # The chain's own columns edited.
@@ -329,8 +336,9 @@ def test_concurrent_writer_processes_form_one_chain(ledger_url, ledger_backend, 
         ledger.append_many([("freeze", "reg-0", {"before": i}, None) for i in range(BEFORE)])
     go = tmp_path / "go"
     names = [f"w{k}" for k in range(WRITERS)]
-    writers = [child(APPENDER, ledger_url, name, str(APPENDS), str(go), stdout=subprocess.PIPE, text=True)
-               for name in names]
+    writers = [
+        child(APPENDER, ledger_url, name, str(APPENDS), str(go), stdout=subprocess.PIPE, text=True) for name in names
+    ]
     try:
         for writer in writers:
             assert writer.stdout.readline() == "ready\n", "a writer died before appending"

@@ -20,9 +20,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from conftest import RawLedgerDb, postgres_options
 from sqlalchemy import event
 
-from conftest import RawLedgerDb, postgres_options
 from prereg.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,8 +131,9 @@ def test_writers_form_one_chain_whatever_the_servers_default_isolation(postgres_
     env = dict(os.environ, PYTHONPATH=str(REPO))
     code = textwrap.dedent(APPENDER)
     writers = [
-        subprocess.Popen([sys.executable, "-c", code, url, name, str(go)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code, url, name, str(go)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+        )
         for name in ("a", "b", "c")
     ]
     for writer in writers:
@@ -154,7 +155,9 @@ def test_reg_ids_keep_code_point_order_in_a_database_with_a_linguistic_collation
 
     name = f"prereg_test_icu_{uuid.uuid4().hex[:12]}"
     try:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+        admin.execute(
+            f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
     except psycopg.errors.InsufficientPrivilege as error:
         pytest.skip(f"the test role may not create databases: {error}")
     try:

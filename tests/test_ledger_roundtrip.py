@@ -104,8 +104,9 @@ items = st.lists(st.tuples(kinds, reg_ids, json_objects, refs), max_size=12)
 
 
 # new_ledger_url is a factory: every example asks it for two fresh places, so sharing it across examples is safe.
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(items, min_size=1, max_size=3), st.text(no_nul, min_size=1, max_size=12))
 def test_export_then_import_gives_the_same_ledger(new_ledger_url, batches, name):
     with Ledger.open(new_ledger_url(), name=name) as source:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.molmo2 import memory_forensics as mf
-from engine.molmo2.memory_snapshot import MemoryInstrument, requested
+from engine.memory import forensics as mf
+from engine.memory.snapshot import MemoryInstrument, requested
 
 MIB = 1024**2
 
@@ -32,33 +32,80 @@ def py(path: str, name: str, line: int = 10) -> dict:
     return {"filename": f"{root}/{path}", "line": line, "name": name}
 
 
-MALLOC = cpp("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)")
+MALLOC = cpp(
+    "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)"
+)
 EMPTY = cpp("at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>, ...)")
 
 STACKS = {
-    mf.PARAMETERS: [MALLOC, EMPTY, py("torch/nn/modules/module.py", "<lambda>"), py("torch/nn/modules/module.py", "_apply"),
-                    py("torch/nn/modules/module.py", "to_empty"), py("engine/molmo2/workload.py", "load")],
-    mf.GRADIENTS: [MALLOC, EMPTY, cpp("torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
-                   cpp("torch::autograd::Engine::evaluate_function(...)"), cpp("torch::autograd::Engine::thread_main(...)")],
-    mf.OPTIMIZER_STATE: [MALLOC, EMPTY, cpp("at::zeros_like(...)"), py("torch/optim/adamw.py", "_init_group"),
-                         py("torch/optim/adamw.py", "step"), py("engine/molmo2/train.py", "step")],
-    mf.REDUCER_BUCKETS: [MALLOC, EMPTY, cpp("c10d::Reducer::initialize_buckets(std::vector<c10d::Reducer::Bucket>...)"),
-                         cpp("c10d::Reducer::Reducer(...)"), py("torch/nn/parallel/distributed.py", "_ddp_init_helper"),
-                         py("torch/nn/parallel/distributed.py", "__init__")],
+    mf.PARAMETERS: [
+        MALLOC,
+        EMPTY,
+        py("torch/nn/modules/module.py", "<lambda>"),
+        py("torch/nn/modules/module.py", "_apply"),
+        py("torch/nn/modules/module.py", "to_empty"),
+        py("engine/molmo2/runner.py", "load"),
+    ],
+    mf.GRADIENTS: [
+        MALLOC,
+        EMPTY,
+        cpp("torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
+        cpp("torch::autograd::Engine::evaluate_function(...)"),
+        cpp("torch::autograd::Engine::thread_main(...)"),
+    ],
+    mf.OPTIMIZER_STATE: [
+        MALLOC,
+        EMPTY,
+        cpp("at::zeros_like(...)"),
+        py("torch/optim/adamw.py", "_init_group"),
+        py("torch/optim/adamw.py", "step"),
+        py("engine/molmo2/train/step.py", "step"),
+    ],
+    mf.REDUCER_BUCKETS: [
+        MALLOC,
+        EMPTY,
+        cpp("c10d::Reducer::initialize_buckets(std::vector<c10d::Reducer::Bucket>...)"),
+        cpp("c10d::Reducer::Reducer(...)"),
+        py("torch/nn/parallel/distributed.py", "_ddp_init_helper"),
+        py("torch/nn/parallel/distributed.py", "__init__"),
+    ],
     # a cast inside a module's forward, inside the training step: the cast decides
-    mf.AUTOCAST_COPIES: [MALLOC, EMPTY, cpp("at::_ops::_to_copy::call(...)"),
-                         cpp("at::autocast::cached_cast(c10::ScalarType, at::Tensor const&, c10::DeviceType)"),
-                         py("torch/nn/modules/linear.py", "forward"), py("engine/molmo2/train.py", "accumulate_gradients")],
-    mf.ACTIVATIONS: [MALLOC, EMPTY, py("engine/molmo2/model.py", "rms_norm"), py("engine/molmo2/model.py", "forward"),
-                     py("torch/nn/modules/module.py", "_call_impl"), py("engine/molmo2/train.py", "accumulate_gradients")],
-    mf.OTHER: [MALLOC, EMPTY, py("torch/nn/utils/clip_grad.py", "_get_total_norm"), py("engine/molmo2/train.py", "step")],
+    mf.AUTOCAST_COPIES: [
+        MALLOC,
+        EMPTY,
+        cpp("at::_ops::_to_copy::call(...)"),
+        cpp("at::autocast::cached_cast(c10::ScalarType, at::Tensor const&, c10::DeviceType)"),
+        py("torch/nn/modules/linear.py", "forward"),
+        py("engine/molmo2/train/step.py", "accumulate_gradients"),
+    ],
+    mf.ACTIVATIONS: [
+        MALLOC,
+        EMPTY,
+        py("engine/molmo2/model/model.py", "rms_norm"),
+        py("engine/molmo2/model/model.py", "forward"),
+        py("torch/nn/modules/module.py", "_call_impl"),
+        py("engine/molmo2/train/step.py", "accumulate_gradients"),
+    ],
+    mf.OTHER: [
+        MALLOC,
+        EMPTY,
+        py("torch/nn/utils/clip_grad.py", "_get_total_norm"),
+        py("engine/molmo2/train/step.py", "step"),
+    ],
 }
 # What the autograd thread allocates for a weight's gradient before AccumulateGrad steals it: only the address
 # (the instrument's tensor roles) can call it a gradient.
-STOLEN_GRAD = [MALLOC, EMPTY, cpp("at::mm(...)"), cpp("torch::autograd::generated::MmBackward0::apply(...)"),
-               cpp("torch::autograd::Engine::evaluate_function(...)")]
-FREE_STACK = [cpp("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(...)"),
-              py("torch/optim/adamw.py", "_init_group")]  # context="all": a free carries the FREEING stack
+STOLEN_GRAD = [
+    MALLOC,
+    EMPTY,
+    cpp("at::mm(...)"),
+    cpp("torch::autograd::generated::MmBackward0::apply(...)"),
+    cpp("torch::autograd::Engine::evaluate_function(...)"),
+]
+FREE_STACK = [
+    cpp("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(...)"),
+    py("torch/optim/adamw.py", "_init_group"),
+]  # context="all": a free carries the FREEING stack
 
 
 class FakeAllocator:
@@ -72,8 +119,18 @@ class FakeAllocator:
         self.live: dict[int, tuple[int, list[dict]]] = {}
 
     def _event(self, action: str, addr: int, size: int, frames: list[dict]) -> None:
-        self.events.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": len(self.events),
-                            "compile_context": "N/A", "user_metadata": "", "frames": frames})
+        self.events.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": len(self.events),
+                "compile_context": "N/A",
+                "user_metadata": "",
+                "frames": frames,
+            }
+        )
 
     def segment(self, addr: int, size: int) -> None:
         self.segment_sizes[addr] = size
@@ -90,26 +147,59 @@ class FakeAllocator:
 
     def marker(self) -> None:
         """What a _snapshot() call leaves in the history: an event that moves no memory and has no frames."""
-        self.events.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": len(self.events),
-                            "compile_context": "N/A", "user_metadata": ""})
+        self.events.append(
+            {
+                "action": "snapshot",
+                "addr": 0,
+                "size": 0,
+                "stream": 0,
+                "time_us": len(self.events),
+                "compile_context": "N/A",
+                "user_metadata": "",
+            }
+        )
 
     def oom(self, size: int, device_free: int) -> None:
-        self.events.append({"action": "oom", "size": size, "device_free": device_free, "stream": 0,
-                            "time_us": len(self.events), "frames": STACKS[mf.ACTIVATIONS]})
+        self.events.append(
+            {
+                "action": "oom",
+                "size": size,
+                "device_free": device_free,
+                "stream": 0,
+                "time_us": len(self.events),
+                "frames": STACKS[mf.ACTIVATIONS],
+            }
+        )
 
     def blocks(self, seg_addr: int, seg_size: int) -> list[dict]:
         blocks, cursor = [], seg_addr
         for addr in sorted(a for a in self.live if seg_addr <= a < seg_addr + seg_size):
             if addr > cursor:
-                blocks.append({"address": cursor, "size": addr - cursor, "requested_size": 0, "state": "inactive", "frames": []})
+                blocks.append(
+                    {"address": cursor, "size": addr - cursor, "requested_size": 0, "state": "inactive", "frames": []}
+                )
             requested_size, frames = self.live[addr]
             rounded = -(-requested_size // 512) * 512
-            blocks.append({"address": addr, "size": rounded, "requested_size": requested_size,
-                           "state": "active_allocated", "frames": frames})
+            blocks.append(
+                {
+                    "address": addr,
+                    "size": rounded,
+                    "requested_size": requested_size,
+                    "state": "active_allocated",
+                    "frames": frames,
+                }
+            )
             cursor = addr + rounded
         if cursor < seg_addr + seg_size:
-            blocks.append({"address": cursor, "size": seg_addr + seg_size - cursor, "requested_size": 0,
-                           "state": "inactive", "frames": []})
+            blocks.append(
+                {
+                    "address": cursor,
+                    "size": seg_addr + seg_size - cursor,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                }
+            )
         return blocks
 
     def snapshot(self, history: bool = True, roles: dict | None = None) -> dict:
@@ -117,12 +207,22 @@ class FakeAllocator:
         for addr, size in sorted(self.segment_sizes.items()):
             blocks = self.blocks(addr, size)
             active = [b for b in blocks if b["state"] != "inactive"]
-            segments.append({
-                "device": self.device, "address": addr, "total_size": size, "stream": 0,
-                "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [MALLOC],
-                "allocated_size": sum(b["size"] for b in active), "active_size": sum(b["size"] for b in active),
-                "requested_size": sum(b["requested_size"] for b in active), "blocks": blocks,
-            })
+            segments.append(
+                {
+                    "device": self.device,
+                    "address": addr,
+                    "total_size": size,
+                    "stream": 0,
+                    "segment_type": "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": [MALLOC],
+                    "allocated_size": sum(b["size"] for b in active),
+                    "active_size": sum(b["size"] for b in active),
+                    "requested_size": sum(b["requested_size"] for b in active),
+                    "blocks": blocks,
+                }
+            )
         traces: list[list[dict]] = [[] for _ in range(self.device + 1)]
         if history:
             traces[self.device] = list(self.events)
@@ -164,7 +264,10 @@ def test_top_frame_names_the_deciding_library_frame_then_the_projects_own_code()
     assert mf.top_frame(STOLEN_GRAD) == "torch::autograd::generated::MmBackward0::apply"  # the node, not the engine
     assert mf.top_frame([MALLOC]) == "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
     assert mf.top_frame([]) == "<no stack recorded>"
-    assert mf.native_name("torch::cuda::(anonymous namespace)::gather_with_cpp()") == "torch::cuda::(anonymous namespace)::gather_with_cpp"
+    assert (
+        mf.native_name("torch::cuda::(anonymous namespace)::gather_with_cpp()")
+        == "torch::cuda::(anonymous namespace)::gather_with_cpp"
+    )
 
 
 # ---- attribution at snapshot time (no history) -----------------------------------------------------------
@@ -377,13 +480,15 @@ def test_the_instrument_refuses_a_cpu_device(tmp_path):
 def test_cuda_history_of_a_real_training_step(tmp_path, monkeypatch):
     """The production path on the tiny geometry: history from before the model exists, two training steps
     (fp32 masters, bf16 autocast, fused AdamW), a dump, the forensics; then a real OOM inside dump_on_oom."""
-    from engine.molmo2.workload import Molmo2Runner
+    from engine.molmo2.runner import Molmo2Runner
     from prereg.workload import Profile
 
     monkeypatch.setenv("RANK", "3")
     instrument = MemoryInstrument(torch.device("cuda"), tmp_path).start()
     try:
-        runner = Molmo2Runner(Profile("cuda-tiny", "cuda", 1, "tiny", "test"), {"batch": 4, "backward_chunks": 2}, seed=0)
+        runner = Molmo2Runner(
+            Profile("cuda-tiny", "cuda", 1, "tiny", "test"), {"batch": 4, "backward_chunks": 2}, seed=0
+        )
         runner.load()
         runner.train_window(2, lambda: False)
         path = instrument.dump_once("first-step", runner.model, runner.trainer.optimizer)
@@ -412,13 +517,17 @@ def test_cuda_history_of_a_real_training_step(tmp_path, monkeypatch):
 
 
 def test_a_report_embeds_the_forensics_of_every_recorded_snapshot(tmp_path):
-    from engine.report import memory_lines
+    from engine.report.report import memory_lines
     from prereg.state import RungRun
 
     path = tmp_path / "rank0-first-window.pickle"
     path.write_bytes(pickle.dumps(peak_then_reuse().snapshot()))
-    runs = [RungRun("r1", "rung7", (), 0, "finished", False, 1, memory_snapshots=(str(path), str(tmp_path / "gone.pickle"))),
-            RungRun("r2", "rung8", (), 0, "finished", False, 2)]
+    runs = [
+        RungRun(
+            "r1", "rung7", (), 0, "finished", False, 1, memory_snapshots=(str(path), str(tmp_path / "gone.pickle"))
+        ),
+        RungRun("r2", "rung8", (), 0, "finished", False, 2),
+    ]
     lines = "\n".join(memory_lines(type("State", (), {"runs": runs})()))
     assert lines.startswith("## Memory forensics")
     assert "### rung rung7 (run r1)" in lines and "rung8" not in lines

@@ -16,12 +16,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from molmo2_fixtures import SUFFIX_END_ID, Row, joined, make_batch, tiny_config, tiny_model
 from torch.nn.attention import SDPBackend
 from torch.profiler import ProfilerActivity, profile
 
-import engine.molmo2.ar as ar
-import engine.molmo2.model as model_module
-from engine.molmo2.ar import (
+import engine.molmo2.model.ar as ar
+import engine.molmo2.model.model as model_module
+from engine.molmo2.model.ar import (
     ar_forward,
     ar_greedy_decode,
     ar_loss_sums,
@@ -31,10 +32,9 @@ from engine.molmo2.ar import (
     set_ar_trainable,
     suffix_backends,
 )
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch, SuffixInputs
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, SuffixInputs
+from engine.molmo2.model.text import HEAD_BACKENDS
 from engine.molmo2.switches import HEAD, Switches
-from engine.molmo2.text import HEAD_BACKENDS
-from molmo2_fixtures import SUFFIX_END_ID, Row, joined, make_batch, tiny_config, tiny_model
 
 ROWS = [Row(images=2, text=5, aux=2, fast=4), Row(images=1, text=2, aux=0, fast=2, two_crops=True),
         Row(images=1, text=7, aux=3, fast=1)]  # fmt: skip
@@ -430,7 +430,7 @@ def test_cuda_p1_runs_cudnn_in_training_only(cuda_setup):
 def _vit_precisions(model, batch: ARBatch, monkeypatch, pooling: bool = False) -> list:
     """The precision override each ViT attention call receives (None: the config's fp32); with `pooling`, each
     pooling attention call's instead (the pooling passes its mask, the ViT blocks' self-attention none)."""
-    from engine.molmo2.vision import DotProductAttention
+    from engine.molmo2.model.vision import DotProductAttention
 
     seen = []
     real = DotProductAttention.forward
@@ -485,7 +485,9 @@ def _trains_like_head_within(switches: Switches, batch: ARBatch, relative: float
     other_logits, other_grads = _fwd_bwd(switches, batch, ar_split=True)
     torch.testing.assert_close(other_logits, logits, rtol=0, atol=relative * float(logits.abs().max()))
     for name in grads:
-        torch.testing.assert_close(other_grads[name], grads[name], rtol=0, atol=relative * float(grads[name].abs().max()) + floor)
+        torch.testing.assert_close(
+            other_grads[name], grads[name], rtol=0, atol=relative * float(grads[name].abs().max()) + floor
+        )
     return torch.equal(logits, other_logits)
 
 
@@ -521,7 +523,11 @@ def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
     p = batch.prefix
     features = {}
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        for name, switches in (("fp32", HEAD), ("x1", Switches(vit_bf16_attention=True)), ("x2", Switches(vit_fp16_attention=True))):
+        for name, switches in (
+            ("fp32", HEAD),
+            ("x1", Switches(vit_bf16_attention=True)),
+            ("x2", Switches(vit_fp16_attention=True)),
+        ):
             model.switches = switches
             features[name] = model.image_features(p.pixel_values, p.image_token_pooling).float()
     model.switches = HEAD
@@ -538,13 +544,15 @@ def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
 def test_x3_reaches_the_pooling_in_training_only(batch, monkeypatch):
     model = tiny_model(switches=Switches(pool_fp32_math=True)).train()
     assert set(_vit_precisions(model, batch, monkeypatch, pooling=True)) == {"fp32-math"}
-    assert set(_vit_precisions(model.eval(), batch, monkeypatch, pooling=True)) == {None}  # eval and decode: the hub's SDPA
+    assert set(_vit_precisions(model.eval(), batch, monkeypatch, pooling=True)) == {
+        None
+    }  # eval and decode: the hub's SDPA
 
 
 def test_x3_is_sdpa_to_fp32_rounding():
     """The arithmetic against fp32 SDPA on the pooling's shapes, masked slots included: not a different function,
     a different order of fp32 sums (2.4e-7 here)."""
-    from engine.molmo2.vision import fp32_attention_math
+    from engine.molmo2.model.vision import fp32_attention_math
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(64, 4, n, 16, generator=g) for n in (1, 4, 4))
@@ -564,7 +572,7 @@ def test_x3_trains_like_head_to_fp32_rounding(batch):
 def test_cuda_x3_features_match_the_fp32_sdpa_pooling(cuda_setup):
     """Under bf16 autocast, eager and compiled: X3's image features against the hub's fp32 SDPA pooling, within
     one bf16 step of the largest (the pooling runs in fp32 either way; the features leave it through bf16)."""
-    from engine.molmo2.execution import Execution
+    from engine.molmo2.attention.execution import Execution
 
     model, batch = cuda_setup
     p = batch.prefix

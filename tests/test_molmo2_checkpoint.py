@@ -8,11 +8,12 @@ import json
 
 import pytest
 import torch
+from molmo2_fixtures import Row, make_batch, prefix_kwargs, tiny_config, tiny_model
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from engine.molmo2.checkpoint import (
+from engine.molmo2.model.checkpoint import (
     INDEX_NAME,
     CheckpointKeyError,
     ar_extra_shapes,
@@ -22,10 +23,9 @@ from engine.molmo2.checkpoint import (
     parameter_count,
     write_checkpoint,
 )
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.model import AR_EXTRA_KEYS, Molmo2Model
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import AR_EXTRA_KEYS, Molmo2Model
 from engine.molmo2.switches import Switches
-from molmo2_fixtures import Row, make_batch, prefix_kwargs, tiny_config, tiny_model
 
 
 def test_4b_parameter_count_from_the_config():

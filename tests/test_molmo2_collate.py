@@ -13,11 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch
-from engine.molmo2.collate import Collator, make_fast_tokenizer, token_counts
-from engine.molmo2.fast import FastDecodeError
-from engine.molmo2.processor import ImageGeometry
-from engine.molmo2.prompt import (
+from engine.molmo2.data.collate import Collator, make_fast_tokenizer, token_counts
+from engine.molmo2.data.fast import FastDecodeError
+from engine.molmo2.data.processor import ImageGeometry
+from engine.molmo2.data.prompt import (
     IMAGE_SPECIAL_OFFSETS,
     ByteTokenizer,
     CheckpointTokenizer,
@@ -25,7 +24,8 @@ from engine.molmo2.prompt import (
     parse_suffix,
     text_tokenizer_for,
 )
-from engine.molmo2.rig import NO_AUGMENT, RigDataset
+from engine.molmo2.data.rig import NO_AUGMENT, RigDataset
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
 
 TINY_LAYOUT = TokenLayout.for_tiny(320)
 FOUR_B = TokenLayout.for_4b()
@@ -108,8 +108,15 @@ def write_checkpoint_tokenizer(path, specials: dict[str, int]) -> None:
     tokenizer = Tokenizer(models.BPE(vocab=vocab | {"[UNK]": 95}, merges=[], unk_token="[UNK]"))  # characters
     body = json.loads(tokenizer.to_str())
     body["added_tokens"] = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-         "special": True}  # fmt: skip
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }  # fmt: skip
         for t, i in specials.items()
     ]
     body["model"]["vocab"].update({t: i for t, i in specials.items()})

@@ -24,16 +24,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.molmo2.batch import ARBatch
-from engine.molmo2.collate import Collator, make_fast_tokenizer
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.distributed import (DataParallelSync, load_training_state, resume_sharded, resume_unsharded,
-                                       save_training_state, with_global_loss_tokens, zero_adamw)
-from engine.molmo2.model import Molmo2Model, init_weights
-from engine.molmo2.prompt import ByteTokenizer
-from engine.molmo2.rig import RigDataset
-from engine.molmo2.train import TrainConfig, Trainer, prepare_step
-from engine.molmo2.workload import GEOMETRIES
+from engine.molmo2.data.collate import Collator, make_fast_tokenizer
+from engine.molmo2.data.prompt import ByteTokenizer
+from engine.molmo2.data.rig import RigDataset
+from engine.molmo2.model.batch import ARBatch
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import Molmo2Model, init_weights
+from engine.molmo2.runner import GEOMETRIES
+from engine.molmo2.train.distributed import (
+    DataParallelSync,
+    load_training_state,
+    resume_sharded,
+    resume_unsharded,
+    save_training_state,
+    with_global_loss_tokens,
+    zero_adamw,
+)
+from engine.molmo2.train.step import TrainConfig, Trainer, prepare_step
 from engine.workload import Ranks, join_ranks
 
 WORLD = 2
@@ -43,6 +50,7 @@ pytestmark = pytest.mark.xdist_group("engine")  # two processes each: keep them 
 
 # ---- two gloo ranks ----
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,7 +58,9 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, worker_name: str, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)  # two ranks on two cores
     ranks = join_ranks("cpu")  # the engine's own join, from torchrun's environment variables
     try:
@@ -171,8 +181,13 @@ SYNC_MODES = ("allreduce", "ddp", "ddp+allreduce")
 
 
 def _fp64(batch: ARBatch) -> ARBatch:
-    prefix = type(batch.prefix)(**{**vars(batch.prefix), "pixel_values": batch.prefix.pixel_values.double(),
-                                   "state": batch.prefix.state.double()})
+    prefix = type(batch.prefix)(
+        **{
+            **vars(batch.prefix),
+            "pixel_values": batch.prefix.pixel_values.double(),
+            "state": batch.prefix.state.double(),
+        }
+    )
     return ARBatch(prefix=prefix, suffix=batch.suffix, actions=batch.actions.double(), n_cameras=batch.n_cameras)
 
 
@@ -190,7 +205,9 @@ class RecordingSync(DataParallelSync):
     """The real sync, noting this rank's own gradient norm before the ranks' gradients meet."""
 
     def reduce_gradients(self, params):
-        self.local_norms = getattr(self, "local_norms", []) + [float(torch.stack([p.grad.norm() for p in params]).norm())]
+        self.local_norms = getattr(self, "local_norms", []) + [
+            float(torch.stack([p.grad.norm() for p in params]).norm())
+        ]
         super().reduce_gradients(params)
 
 
@@ -200,16 +217,25 @@ def sync_worker(ranks: Ranks, out: Path) -> dict:
     global_batch = WORLD * PER_RANK
     chunk = lambda sample: _fp64(collator([sample]))  # noqa: E731 — chunks of one sample on both sides
     # Rank r's slice of global step k: samples [k*4 + 2r, k*4 + 2r + 2); the reference takes all four.
-    local = [prepare_step([chunk(s) for s in samples[k * global_batch + ranks.rank * PER_RANK:][:PER_RANK]], CPU)
-             for k in range(SYNC_STEPS)]
+    local = [
+        prepare_step([chunk(s) for s in samples[k * global_batch + ranks.rank * PER_RANK :][:PER_RANK]], CPU)
+        for k in range(SYNC_STEPS)
+    ]
     local_counts = [s.loss_tokens for s in local]
     local = with_global_loss_tokens(local, ranks)
-    reference_steps = [prepare_step([chunk(s) for s in samples[k * global_batch:][:global_batch]], CPU) for k in range(SYNC_STEPS)]
+    reference_steps = [
+        prepare_step([chunk(s) for s in samples[k * global_batch :][:global_batch]], CPU) for k in range(SYNC_STEPS)
+    ]
 
     config = dict(lr=1e-3, backbone_lr=2e-4)
-    reference = Trainer(tiny_model(100).double(), TrainConfig(batch=global_batch, backward_chunks=global_batch, **config), CPU)
-    report: dict = {"local_counts": gathered(local_counts), "global_counts": [s.loss_tokens for s in local],
-                    "reference_counts": [s.loss_tokens for s in reference_steps]}
+    reference = Trainer(
+        tiny_model(100).double(), TrainConfig(batch=global_batch, backward_chunks=global_batch, **config), CPU
+    )
+    report: dict = {
+        "local_counts": gathered(local_counts),
+        "global_counts": [s.loss_tokens for s in local],
+        "reference_counts": [s.loss_tokens for s in reference_steps],
+    }
     paths = {}
     for mode in SYNC_MODES:
         model = tiny_model(100 + ranks.rank).double()  # deliberately rank-divergent
@@ -226,14 +252,20 @@ def sync_worker(ranks: Ranks, out: Path) -> dict:
         reference_loss, _ = reference.step(reference_steps[k])
         for mode, trainer in paths.items():
             loss, _ = trainer.step(local[k])
-            worst = max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), reference.model.parameters()))
+            worst = max(
+                (p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), reference.model.parameters())
+            )
             report[mode].setdefault("param_diff", []).append(worst)
             report[mode].setdefault("loss_diff", []).append(abs(ranks.sum([float(loss)])[0] - float(reference_loss)))
-            report[mode].setdefault("moved", []).append(max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), initial)))
+            report[mode].setdefault("moved", []).append(
+                max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), initial))
+            )
     for mode in SYNC_MODES:
         report[mode]["local_norms"] = gathered(paths[mode].sync.local_norms) if mode != "ddp" else None
-        report[mode]["vs_allreduce"] = max((p - q).abs().max().item()
-                                           for p, q in zip(paths[mode].model.parameters(), paths["allreduce"].model.parameters()))
+        report[mode]["vs_allreduce"] = max(
+            (p - q).abs().max().item()
+            for p, q in zip(paths[mode].model.parameters(), paths["allreduce"].model.parameters())
+        )
     return report
 
 

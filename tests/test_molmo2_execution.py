@@ -1,4 +1,4 @@
-"""Execution options (engine/molmo2/execution.py): FlexAttention for the prefix, compiled decoder blocks, and
+"""Execution options (engine/molmo2/attention/execution.py): FlexAttention for the prefix, compiled decoder blocks, and
 length-bucketed steps must compute what HEAD's eager SDPA path computes, within stated tolerances.
 
 FlexAttention has no backward on the CPU (torch 2.13), so on the CPU the flex path is checked forward only; its
@@ -12,13 +12,18 @@ import pytest
 import torch
 from molmo2_fixtures import Row, make_batch, tiny_config, tiny_model
 
-from engine.molmo2.ar import ar_forward, ar_loss_sums
-from engine.molmo2.batch import ARBatch
+from engine.molmo2.attention.execution import Execution
 from engine.molmo2.declaration import PROFILES
-from engine.molmo2.execution import Execution
-from engine.molmo2.model import continuation_block_mask, continuation_mask, prefix_attention_mask, prefix_block_mask
+from engine.molmo2.model.ar import ar_forward, ar_loss_sums
+from engine.molmo2.model.batch import ARBatch
+from engine.molmo2.model.model import (
+    continuation_block_mask,
+    continuation_mask,
+    prefix_attention_mask,
+    prefix_block_mask,
+)
+from engine.molmo2.runner import COMPILED_PAD_MULTIPLE, Molmo2Runner
 from engine.molmo2.switches import HEAD
-from engine.molmo2.workload import COMPILED_PAD_MULTIPLE, Molmo2Runner
 
 ROWS = [Row(images=2, text=5, aux=2, fast=3, two_crops=True), Row(images=1, text=3, aux=1, fast=2),
         Row(images=1, text=7, aux=3, fast=1)]  # fmt: skip
@@ -94,7 +99,7 @@ def test_flex_suffix_forward_matches_sdpa_in_training_and_stays_dense_in_eval(ba
     flex, _, _ = _train_step(batch, Execution(suffix_attention="flex"), grad=False)
     both, _, _ = _train_step(batch, Execution(prefix_attention="flex", suffix_attention="flex"), grad=False)
     assert _max_logit_diff(sdpa, flex) <= FORWARD_ATOL and _max_logit_diff(sdpa, both) <= FORWARD_ATOL
-    import engine.molmo2.model as model_module
+    import engine.molmo2.model.model as model_module
 
     built = []
     real = model_module.continuation_block_mask
@@ -112,7 +117,9 @@ def test_flex_prefix_forward_matches_sdpa(batch):
     sdpa, _, _ = _train_step(batch, Execution(), grad=False)
     flex, _, _ = _train_step(batch, Execution(prefix_attention="flex"), grad=False)
     assert _max_logit_diff(sdpa, flex) <= FORWARD_ATOL
-    assert _max_logit_diff(sdpa, _train_step(make_batch(tiny_config(), ROWS, seed=12), Execution(), grad=False)[0]) > 1e-2
+    assert (
+        _max_logit_diff(sdpa, _train_step(make_batch(tiny_config(), ROWS, seed=12), Execution(), grad=False)[0]) > 1e-2
+    )
 
 
 def test_compiled_blocks_train_like_eager(batch):
@@ -134,7 +141,9 @@ def _step_gradient(backward_chunks: int, step_index: int):
                                                                  "state": c.prefix.state.double()})),
                       suffix=c.suffix, actions=c.actions, n_cameras=c.n_cameras) for c in step.chunks]  # fmt: skip
     runner.trainer.accumulate_gradients(type(step)(tuple(double), step.loss_tokens, step.useful_tokens))
-    return [len(c.n_cameras) for c in step.chunks], {n: p.grad for n, p in runner.model.named_parameters() if p.grad is not None}
+    return [len(c.n_cameras) for c in step.chunks], {
+        n: p.grad for n, p in runner.model.named_parameters() if p.grad is not None
+    }
 
 
 def test_bucketed_chunking_keeps_the_step_gradient():
@@ -157,7 +166,10 @@ def test_compiled_model_keeps_the_checkpoint_layout():
     assert set(model.state_dict()) == keys  # the compiled wrappers are not submodules
 
 
-@pytest.mark.parametrize(("field", "value"), [("prefix_attention", "dense"), ("suffix_attention", "math"), ("compile", "yes"), ("dynamic", 1)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("prefix_attention", "dense"), ("suffix_attention", "math"), ("compile", "yes"), ("dynamic", 1)],
+)
 def test_execution_refuses_unknown_values(field, value):
     with pytest.raises(ValueError, match=field):
         Execution(**{field: value, **({"compile": True} if field == "dynamic" else {})})
@@ -198,14 +210,18 @@ def test_flex_is_refused_on_a_cpu_profile(key):
 
 
 def _pool(**config):
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 2, "camera_counts": [1, 2], **config}, seed=0)
+    runner = Molmo2Runner(
+        PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 2, "camera_counts": [1, 2], **config}, seed=0
+    )
     runner.load_data()
     return runner.pool
 
 
 def _samples(pool) -> Counter:
     """Each sample as (its action chunk's bytes): identifies the episode whatever step it lands in."""
-    return Counter(bytes(c.actions[i].numpy().tobytes()) for step in pool for c in step.chunks for i in range(len(c.n_cameras)))
+    return Counter(
+        bytes(c.actions[i].numpy().tobytes()) for step in pool for c in step.chunks for i in range(len(c.n_cameras))
+    )
 
 
 def test_bucketing_regroups_the_same_samples_by_camera_count():
@@ -274,7 +290,7 @@ def test_cuda_suffix_flex_at_the_4b_head_geometry_matches_sdpa_forward_and_backw
     """The tiny model's heads never reach FlexAttention's decoding kernel; 4B's do: 96 suffix queries (< 128) and
     a power-of-two GQA ratio (32/8) made AUTO pick it, which inductor could not lower on the H200. The suffix's
     attention at that geometry, forward and backward, against SDPA on the dense mask."""
-    from engine.molmo2.text import attend
+    from engine.molmo2.model.text import attend
 
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator().manual_seed(7)
@@ -322,7 +338,7 @@ def test_compiled_model_decodes_eagerly_and_byte_identically():
     and the decode loop adds no graph, and the tokens are eager's."""
     from torch._dynamo.utils import counters
 
-    from engine.molmo2.ar import ar_greedy_decode
+    from engine.molmo2.model.ar import ar_greedy_decode
 
     torch._dynamo.reset()
     counters.clear()

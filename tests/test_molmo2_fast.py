@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from tokenizers import Tokenizer
 
-from engine.molmo2.fast import CHAR_BASE, FastDecodeError, FastTokenizer, dct_matrix, quantized_coefficients
+from engine.molmo2.data.fast import CHAR_BASE, FastDecodeError, FastTokenizer, dct_matrix, quantized_coefficients
 
 T, D = 30, 6
 FLOAT_SLACK = 1 + 1e-12

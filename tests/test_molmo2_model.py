@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from engine.molmo2.config import AdapterConfig, Molmo2Config, TextConfig, VisionConfig
-from engine.molmo2.model import generate, positions_from_mask, prefix_attention_mask
-from engine.molmo2.switches import HEAD, Switches
 from molmo2_fixtures import PAD_ID, Row, make_batch, prefix_kwargs, tiny_config, tiny_model
+
+from engine.molmo2.model.config import AdapterConfig, Molmo2Config, TextConfig, VisionConfig
+from engine.molmo2.model.model import generate, positions_from_mask, prefix_attention_mask
+from engine.molmo2.switches import HEAD, Switches
 
 # allenai/Molmo2-4B config.json as shipped (reference §1, CFG), verbatim.
 HUB_4B_CONFIG = {

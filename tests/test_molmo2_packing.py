@@ -1,4 +1,4 @@
-"""Packed training chunks (engine/molmo2/packing.py, run config `pack`): one row of every sample's tokens must
+"""Packed training chunks (engine/molmo2/attention/packing.py, run config `pack`): one row of every sample's tokens must
 compute what the padded chunk computes — the same logits at every real suffix token, the same loss, the same
 gradients, within the tolerances of tests/test_molmo2_execution.py — and its block masks must be its dense rules.
 
@@ -10,15 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 from molmo2_fixtures import make_batch, tiny_config
-from test_molmo2_execution import FORWARD_ATOL, GRAD_RTOL, MORE_ROWS, _max_logit_diff, _step_losses, _train_step, _worst_grad
-
-from engine.molmo2.batch import IGNORE_INDEX
-from engine.molmo2.declaration import PROFILES
-from engine.molmo2.execution import Execution
-from engine.molmo2.model import positions_from_mask
+from test_molmo2_execution import (
+    FORWARD_ATOL,
+    GRAD_RTOL,
+    MORE_ROWS,
+    _max_logit_diff,
+    _step_losses,
+    _train_step,
+    _worst_grad,
+)
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from engine.molmo2.packing import (
+from engine.molmo2.attention.execution import Execution
+from engine.molmo2.attention.packing import (
     block_mask_from_pairs,
     pack,
     packed_prefix_block_mask,
@@ -26,8 +30,11 @@ from engine.molmo2.packing import (
     packed_suffix_block_mask,
     packed_suffix_mask,
 )
-from engine.molmo2.segments import segments_mask
-from engine.molmo2.workload import Molmo2Runner
+from engine.molmo2.attention.segments import segments_mask
+from engine.molmo2.declaration import PROFILES
+from engine.molmo2.model.batch import IGNORE_INDEX
+from engine.molmo2.model.model import positions_from_mask
+from engine.molmo2.runner import Molmo2Runner
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +47,10 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
     p, s, k = padded.prefix, padded.suffix, packed.packing
     p_real, s_real = p.attention_mask.bool(), s.attention_mask.bool()
     n_p, n_s = int(p_real.sum()), int(s_real.sum())
-    assert packed.prefix.input_ids.shape == (1, -(-n_p // 16) * 16) and packed.suffix.input_ids.shape == (1, -(-n_s // 16) * 16)
+    assert packed.prefix.input_ids.shape == (1, -(-n_p // 16) * 16) and packed.suffix.input_ids.shape == (
+        1,
+        -(-n_s // 16) * 16,
+    )
     assert torch.equal(packed.prefix.input_ids[0, :n_p], p.input_ids[p_real])
     assert torch.equal(packed.prefix.mm_token_type_ids[0, :n_p], p.mm_token_type_ids[p_real])
     assert torch.equal(k.prefix_doc[0, :n_p], torch.repeat_interleave(torch.arange(p.batch_size), p_real.sum(1)))
@@ -60,10 +70,15 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
         pack(packed)
 
 
-HOW = {"packed": {}, "rows": {"pack_attention": "rows"}, "one-pass": {"pack_one_pass": True},
-       "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"}, "varlen": {"pack_attention": "varlen"},
-       "one-pass-varlen": {"pack_one_pass": True, "pack_attention": "varlen"},
-       "one-pass-varlen-cudnn": {"pack_one_pass": True, "pack_attention": "varlen-cudnn"}}  # how a packed chunk is computed
+HOW = {
+    "packed": {},
+    "rows": {"pack_attention": "rows"},
+    "one-pass": {"pack_one_pass": True},
+    "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"},
+    "varlen": {"pack_attention": "varlen"},
+    "one-pass-varlen": {"pack_one_pass": True, "pack_attention": "varlen"},
+    "one-pass-varlen-cudnn": {"pack_one_pass": True, "pack_attention": "varlen-cudnn"},
+}  # how a packed chunk is computed
 
 
 @pytest.mark.parametrize("how", list(HOW))
@@ -93,7 +108,9 @@ def test_no_token_attends_across_samples(padded, how):
     ids[0, first & (packed.prefix.mm_token_type_ids[0] == 0)] = 7  # sample 0's text, not its image tokens
     from dataclasses import replace
 
-    changed = _train_step(replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(**HOW[how]), grad=False)[0]
+    changed = _train_step(
+        replace(packed, prefix=replace(packed.prefix, input_ids=ids)), Execution(**HOW[how]), grad=False
+    )[0]
     own = packed.packing.suffix_doc[0] == 0
     assert _max_logit_diff(base[0, ~own], changed[0, ~own]) == 0.0
     assert _max_logit_diff(base[0, own], changed[0, own]) > 1e-3
@@ -186,8 +203,20 @@ def test_rows_gather_each_samples_tokens_and_back():
     packed = pack(padded_chunk, (16, 16))
     rows = packed.packing.rows
     for packed_ids, padded_ids, index, back, real in (
-        (packed.prefix.input_ids[0], padded_chunk.prefix.input_ids, rows.prefix_index, rows.prefix_back, rows.prefix_mask),
-        (packed.suffix.input_ids[0], padded_chunk.suffix.input_ids, rows.suffix_index, rows.suffix_back, rows.suffix_mask),
+        (
+            packed.prefix.input_ids[0],
+            padded_chunk.prefix.input_ids,
+            rows.prefix_index,
+            rows.prefix_back,
+            rows.prefix_mask,
+        ),
+        (
+            packed.suffix.input_ids[0],
+            padded_chunk.suffix.input_ids,
+            rows.suffix_index,
+            rows.suffix_back,
+            rows.suffix_mask,
+        ),
     ):
         gathered = packed_ids[index]
         assert torch.equal(gathered[real], padded_ids[real])
@@ -195,14 +224,18 @@ def test_rows_gather_each_samples_tokens_and_back():
         assert torch.equal(gathered.flatten()[back][:n], packed_ids[:n])
     keys = torch.cat([packed.prefix.input_ids[0], packed.suffix.input_ids[0]])[rows.suffix_keys]
     real_keys = torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1)
-    assert torch.equal(keys[real_keys], torch.cat([padded_chunk.prefix.input_ids, padded_chunk.suffix.input_ids], 1)[real_keys])
+    assert torch.equal(
+        keys[real_keys], torch.cat([padded_chunk.prefix.input_ids, padded_chunk.suffix.input_ids], 1)[real_keys]
+    )
     assert torch.equal(packed.packing.to("cpu").rows.suffix_keys, rows.suffix_keys)
 
 
 def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
     """pack_multiple = 128 (FlexAttention's tile): every packed row a whole number of tiles, the same losses as
     the default rows to fp32 rounding (the tail tokens attend to themselves and nothing reads them)."""
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "pack": True, "pack_multiple": 128}, seed=0)
+    runner = Molmo2Runner(
+        PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "pack": True, "pack_multiple": 128}, seed=0
+    )
     runner.load_data()
     for step in runner.pool:
         for chunk in step.chunks:
@@ -212,9 +245,17 @@ def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
     assert max(abs(a - b) / a for a, b in zip(default, rounded)) <= 1e-5
 
 
-@pytest.mark.parametrize("config", [{"pack_multiple": 128}, {"pack": True, "pack_multiple": 0}, {"pack_attention": "rows"},
-                                    {"pack": True, "pack_attention": "padded"}, {"pack_one_pass": True},
-                                    {"pack": True, "pack_one_pass": "yes"}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"pack_multiple": 128},
+        {"pack": True, "pack_multiple": 0},
+        {"pack_attention": "rows"},
+        {"pack": True, "pack_attention": "padded"},
+        {"pack_one_pass": True},
+        {"pack": True, "pack_one_pass": "yes"},
+    ],
+)
 def test_pack_options_are_refused_without_pack_or_out_of_range(config):
     key = next(k for k in config if k != "pack")
     with pytest.raises(ValueError, match=key):
@@ -251,7 +292,9 @@ def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass, kernel):
     autocast: against the fp32 padded SDPA step, its logits and gradients may be off by at most twice flex's error
     (plus 1e-3 for the case where flex's error is ~0)."""
     if kernel == "varlen-cudnn":
-        pytest.importorskip("cudnn", reason="varlen-cudnn needs nvidia-cudnn-frontend (bench/device_env.sh installs it)")
+        pytest.importorskip(
+            "cudnn", reason="varlen-cudnn needs nvidia-cudnn-frontend (bench/device_env.sh installs it)"
+        )
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     reference = _train_step(padded, Execution(), "cuda")
@@ -280,14 +323,16 @@ def test_cuda_cudnn_varlen_calls_match_flash_attention_per_call():
     values of order 1; the H200 probe measured at most 0.03), and against the fp64 per-segment reference no further
     than FlashAttention-2 is, twice over."""
     pytest.importorskip("cudnn", reason="varlen-cudnn needs nvidia-cudnn-frontend (bench/device_env.sh installs it)")
-    from engine.molmo2.segments import varlen_call
+    from engine.molmo2.attention.segments import varlen_call
 
     plan = pack(make_batch(tiny_config(), MORE_ROWS, seed=13), (16, 16)).packing.segments.joined.to("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, d = 8, 2, 64
     for call in plan.calls:
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        leaves = [torch.randn(n, h, d, device="cuda", generator=g) for n, h in ((nq, heads), (nk, kv_heads), (nk, kv_heads))]
+        leaves = [
+            torch.randn(n, h, d, device="cuda", generator=g) for n, h in ((nq, heads), (nk, kv_heads), (nk, kv_heads))
+        ]
         do = torch.randn(nq, heads, d, device="cuda", generator=g)
         runs = {}
         for kernel, dtype in (("flash", torch.bfloat16), ("cudnn", torch.bfloat16), ("reference", torch.float64)):
@@ -302,13 +347,16 @@ def test_cuda_cudnn_varlen_calls_match_flash_attention_per_call():
             runs[kernel] = [t.double().cpu() for t in (out, *grads)]
         for name, flash, cudnn, exact in zip(("o", "dq", "dk", "dv"), runs["flash"], runs["cudnn"], runs["reference"]):
             assert float((cudnn - flash).abs().max()) <= 2**-5 * max(1.0, float(exact.abs().max())), (call.causal, name)
-            assert float((cudnn - exact).abs().max()) <= 2 * float((flash - exact).abs().max()) + 1e-3, (call.causal, name)
+            assert float((cudnn - exact).abs().max()) <= 2 * float((flash - exact).abs().max()) + 1e-3, (
+                call.causal,
+                name,
+            )
 
 
 def test_the_varlen_gather_backward_sums_every_copy():
     """segments.Gather's backward (a gather over each row's copies, summed in fp32) is index_select's own (an
     index_add), with rows taken several times, once, and never; for a permutation; and for rows taken at most once."""
-    from engine.molmo2.segments import Gather, _copies
+    from engine.molmo2.attention.segments import Gather, _copies
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)

@@ -8,16 +8,19 @@ the reference describes transformers' port, would hide a later image from an ear
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
-
-from engine.molmo2.peer import transformers_config
-
-from engine.molmo2.checkpoint import load_checkpoint, write_checkpoint
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.model import Molmo2Model, positions_from_mask, prefix_attention_mask
+from conftest import REPO
 from molmo2_fixtures import Row, make_batch, tiny_config
+
+from engine.molmo2.model.checkpoint import load_checkpoint, write_checkpoint
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import Molmo2Model, positions_from_mask, prefix_attention_mask
+
+sys.path.insert(0, str(REPO / "bench"))
+from molmo2_peer import transformers_config  # noqa: E402
 
 tfm = pytest.importorskip("transformers.models.molmo2")
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from engine.molmo2.processor import (
+from engine.molmo2.data.processor import (
     ImageGeometry,
     ImageTokenIds,
     batch_images,
@@ -122,8 +122,11 @@ def expected_high_res_indices(tiling, geometry) -> set[int]:
     left, right = geometry.overlap_margins
     kept = set()
     for i, j, r, c in itertools.product(range(th), range(tw), range(cp), range(cp)):
-        dropped = (i > 0 and r < left) or (j > 0 and c < left) or (i < th - 1 and r >= cp - right) or (
-            j < tw - 1 and c >= cp - right
+        dropped = (
+            (i > 0 and r < left)
+            or (j > 0 and c < left)
+            or (i < th - 1 and r >= cp - right)
+            or (j < tw - 1 and c >= cp - right)
         )
         if not dropped:
             kept.add(((i * tw + j) * cp + r) * cp + c)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.molmo2.rig import (
+from engine.molmo2.data.rig import (
     AUX_FIELDS,
     CONDITION_FIELDS,
     INSTRUCTION,
@@ -23,7 +23,7 @@ from engine.molmo2.rig import (
     robot_state,
     subgoal_pose,
 )
-from engine.molmo2.rig_render import COLOURS
+from engine.molmo2.data.rig_render import COLOURS
 
 
 def same(a: RigSample, b: RigSample) -> bool:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine.molmo2.declaration import PROFILES
+from engine.molmo2.runner import Molmo2Runner
 from engine.molmo2.switches import HEAD
-from engine.molmo2.train import TrainConfig, Trainer, prepare_step
-from engine.molmo2.workload import Molmo2Runner
+from engine.molmo2.train.step import TrainConfig, Trainer, prepare_step
 from oracles.judge import judge
 
 
@@ -31,9 +31,22 @@ def test_chunked_gradient_equals_unchunked_in_fp64(tiny):
         grads = {}
         for chunks in (1, 2, 4):
             size = 4 // chunks
-            batches = [tiny.collator(samples[k: k + size]) for k in range(0, 4, size)]
-            batches = [type(b)(prefix=type(b.prefix)(**{**vars(b.prefix), "pixel_values": b.prefix.pixel_values.double(), "state": b.prefix.state.double()}),
-                               suffix=b.suffix, actions=b.actions, n_cameras=b.n_cameras) for b in batches]
+            batches = [tiny.collator(samples[k : k + size]) for k in range(0, 4, size)]
+            batches = [
+                type(b)(
+                    prefix=type(b.prefix)(
+                        **{
+                            **vars(b.prefix),
+                            "pixel_values": b.prefix.pixel_values.double(),
+                            "state": b.prefix.state.double(),
+                        }
+                    ),
+                    suffix=b.suffix,
+                    actions=b.actions,
+                    n_cameras=b.n_cameras,
+                )
+                for b in batches
+            ]
             trainer = Trainer(model, TrainConfig(batch=4, backward_chunks=chunks), tiny.device)
             trainer.accumulate_gradients(prepare_step(batches, tiny.device))
             grads[chunks] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -49,7 +62,14 @@ def test_vision_tower_is_frozen_and_has_no_optimizer_state(tiny):
     trainer.step(tiny.probe_step)
     with_state = {id(p) for p in trainer.optimizer.state}
     for name, p in tiny.model.named_parameters():
-        frozen = name.startswith(("model.vision_backbone.", "lm_head.", "model.transformer.wte.embedding", "model.transformer.wte.new_embedding"))
+        frozen = name.startswith(
+            (
+                "model.vision_backbone.",
+                "lm_head.",
+                "model.transformer.wte.embedding",
+                "model.transformer.wte.new_embedding",
+            )
+        )
         assert (p.grad is None) == frozen, name
         assert (id(p) in with_state) == (not frozen), name
 
@@ -96,7 +116,9 @@ def test_probes_pass_for_the_items_that_hold(tiny, switch, probe, kind, bounds):
 
 def test_probes_fail_where_they_must(tiny):
     # HEAD's window has no windowed field: the P2 schema oracle judged on HEAD fails, naming it.
-    assert judge("schema", tiny.probe("window_schema", "no_embed_clone", {}), {}).reason.startswith("missing ['vram_window_peak_gib']")
+    assert judge("schema", tiny.probe("window_schema", "no_embed_clone", {}), {}).reason.startswith(
+        "missing ['vram_window_peak_gib']"
+    )
     # cuDNN attention cannot run on a CPU: the P1 probes fail with that reason instead of being skipped.
     observed = tiny.probe("one_step", "suffix_cudnn", {})
     assert "CUDA backend" in observed["error"]
@@ -131,19 +153,22 @@ def test_tiny_model_learns_the_rig():
 # X4 (clip_in_adamw): the clip folded into the fused AdamW. The CPU runs the fused AdamW here on purpose (the
 # workload builds it on CUDA only), so what the switch changes is what is compared.
 
+
 def _fused(groups, config, fused):
-    from engine.molmo2.train import adamw
+    from engine.molmo2.train.step import adamw
 
     return adamw(groups, config, True)
 
 
 def _two_steps(tiny, switches, grad_clip: float, factory=_fused):
-    from engine.molmo2.model import Molmo2Model
+    from engine.molmo2.model.model import Molmo2Model
     from engine.molmo2.switches import Switches
 
     model = Molmo2Model(tiny.config, Switches.from_names(switches))
     model.load_state_dict(tiny.model.state_dict())
-    trainer = Trainer(model, TrainConfig(batch=4, backward_chunks=1, grad_clip=grad_clip), tiny.device, optimizer_factory=factory)
+    trainer = Trainer(
+        model, TrainConfig(batch=4, backward_chunks=1, grad_clip=grad_clip), tiny.device, optimizer_factory=factory
+    )
     norms = [trainer.step(step)[1] for step in tiny.steps_for(2)]
     assert not hasattr(trainer.optimizer, "grad_scale")  # one step's only
     return norms, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -166,7 +191,7 @@ def test_x4_above_the_clip_updates_like_head_to_rounding(tiny):
 
 
 def test_x4_refuses_an_optimizer_that_is_not_the_fused_adamw(tiny):
-    from engine.molmo2.train import adamw
+    from engine.molmo2.train.step import adamw
 
     with pytest.raises(ValueError, match="fused torch.optim.AdamW"):
         _two_steps(tiny, ("clip_in_adamw",), grad_clip=1.0, factory=adamw)  # the CPU's own: not fused

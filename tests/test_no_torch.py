@@ -47,9 +47,16 @@ def test_the_cli_never_imports_torch(tmp_path: Path) -> None:
     shutil.copyfile(REPO / "ledger.db", copy)
     amendment = tmp_path / "amend.toml"
     amendment.write_text('reason = "a clearer title"\n[set]\ntitle = "renamed"\n')
-    names = {"fresh": str(tmp_path / "fresh.db"), "copy": str(copy), "amendment": str(amendment), "out": str(tmp_path / "report")}
+    names = {
+        "fresh": str(tmp_path / "fresh.db"),
+        "copy": str(copy),
+        "amendment": str(amendment),
+        "out": str(tmp_path / "report"),
+    }
     verbs = [[arg.format(**names) for arg in verb] for verb in VERBS]
-    result = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(verbs)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(verbs)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     outcome = json.loads(result.stderr.strip().splitlines()[-1])
     assert outcome["codes"] == [0] * len(VERBS), (outcome, result.stderr[-2000:])
     assert outcome["torch"] is False

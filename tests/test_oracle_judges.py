@@ -15,8 +15,20 @@ from oracles.judge import JUDGES, judge, observation_problem
 # (kind, observed, bounds, passes, the reason must say)
 CASES = [
     ("tolerance", {"loss_abs": 1e-3}, {"loss_abs": 1e-3}, True, "loss_abs = 0.001 <= 0.001"),
-    ("tolerance", {"loss_abs": 1.038e-3}, {"loss_abs": 1e-3}, False, "loss_abs = 0.001038 > bound 0.001"),  # X1a on the H200
-    ("tolerance", {"loss_abs": 1e-4, "grad_norm_rel": 0.02}, {"loss_abs": 1e-3, "grad_norm_rel": 1e-2}, False, "grad_norm_rel = 0.02 > bound 0.01"),
+    (
+        "tolerance",
+        {"loss_abs": 1.038e-3},
+        {"loss_abs": 1e-3},
+        False,
+        "loss_abs = 0.001038 > bound 0.001",
+    ),  # X1a on the H200
+    (
+        "tolerance",
+        {"loss_abs": 1e-4, "grad_norm_rel": 0.02},
+        {"loss_abs": 1e-3, "grad_norm_rel": 1e-2},
+        False,
+        "grad_norm_rel = 0.02 > bound 0.01",
+    ),
     ("tolerance", {"loss_abs": math.nan}, {"loss_abs": 1e-3}, False, "loss_abs = nan > bound"),
     ("tolerance", {"loss_abs": -math.inf}, {"loss_abs": 1e-3}, False, "loss_abs = -inf > bound"),
     ("tolerance", {"loss_abs": True}, {"loss_abs": 1e-3}, False, "loss_abs not observed"),
@@ -31,8 +43,20 @@ CASES = [
     ("curve_overlay", {"max_abs_diff": 0.04, "finite": True}, {"max_abs_diff": 0.04}, True, "<= bound 0.04"),
     ("curve_overlay", {"max_abs_diff": 0.0401, "finite": True}, {"max_abs_diff": 0.04}, False, "> bound 0.04"),
     ("curve_overlay", {"max_abs_diff": 0.01, "finite": False}, {"max_abs_diff": 0.04}, False, "not finite"),
-    ("curve_overlay", {"max_abs_diff": 4.75, "band": 4.75, "finite": True}, {}, True, "the baseline's own step-to-step band 4.75"),
-    ("curve_overlay", {"max_abs_diff": 4.76, "band": 4.75, "finite": True}, {}, False, "> the baseline's own step-to-step band"),
+    (
+        "curve_overlay",
+        {"max_abs_diff": 4.75, "band": 4.75, "finite": True},
+        {},
+        True,
+        "the baseline's own step-to-step band 4.75",
+    ),
+    (
+        "curve_overlay",
+        {"max_abs_diff": 4.76, "band": 4.75, "finite": True},
+        {},
+        False,
+        "> the baseline's own step-to-step band",
+    ),
     ("curve_overlay", {"max_abs_diff": 0.01, "finite": True}, {}, False, "band (or a bound) must be observed"),
     ("finite", {"finite": True}, {}, True, "finite"),
     ("finite", {"finite": False, "first_bad_step": 7}, {}, False, "first bad step 7"),
@@ -47,7 +71,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "observed", "bounds", "passes", "says"), CASES, ids=[f"{c[0]}-{n}" for n, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("kind", "observed", "bounds", "passes", "says"), CASES, ids=[f"{c[0]}-{n}" for n, c in enumerate(CASES)]
+)
 def test_each_kind_at_its_boundary_and_past_it(kind, observed, bounds, passes, says):
     judgement = judge(kind, observed, bounds)
     assert judgement.passed is passes
@@ -87,5 +113,8 @@ def test_a_hand_entered_observation_with_a_typo_is_a_problem_not_a_judgement(kin
 
 
 def test_a_complete_observation_and_a_probe_failure_are_no_problem():
-    assert observation_problem("curve_overlay", {"max_abs_diff": 0.1, "finite": True}, {"max_abs_diff": 0.2}, frozenset()) is None
+    assert (
+        observation_problem("curve_overlay", {"max_abs_diff": 0.1, "finite": True}, {"max_abs_diff": 0.2}, frozenset())
+        is None
+    )
     assert observation_problem("memory", {"error": "no CUDA"}, {"peak_gib": 4.0}, frozenset()) is None

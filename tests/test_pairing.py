@@ -8,14 +8,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import MINI, REGISTRATIONS, UNPAIRED_BEFORE_THE_RULE, Cli, ledger_fingerprint, write
+
 from prereg.documents import load_registration
 from prereg.ledger import Ledger
 from prereg.pairing import unpaired_comparisons
 
 INVALID = 2
-BUCKETED_B = MINI.replace('id = "B"\n  items = ["P1"]', 'id = "B"\n  items = ["P1"]\n  config = { bucket_by_length = true }')
+BUCKETED_B = MINI.replace(
+    'id = "B"\n  items = ["P1"]', 'id = "B"\n  items = ["P1"]\n  config = { bucket_by_length = true }'
+)
 LOSS_READ = '[reads]\nloss_drift = "abs(B.loss - A.loss) / A.loss"\n'
 
 
@@ -26,19 +28,27 @@ def variant(text: str, **replacements: str) -> str:
     return text
 
 
-def test_a_loss_compared_across_differently_bucketed_rungs_is_refused_and_writes_nothing(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    path = write(tmp_path, "unpaired.toml", variant(BUCKETED_B, **{'id = "mini"': 'id = "unpaired"', "[reads]\n": LOSS_READ}))
+def test_a_loss_compared_across_differently_bucketed_rungs_is_refused_and_writes_nothing(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path, "unpaired.toml", variant(BUCKETED_B, **{'id = "mini"': 'id = "unpaired"', "[reads]\n": LOSS_READ})
+    )
     before = ledger_fingerprint(cli.ledger)
     for result in (cli.on_ledger("freeze", path), cli("check", path)):
         assert result.exit_code == INVALID, result
         assert str(path) in result.stderr and "reads.loss_drift" in result.stderr
-        assert "bucket_by_length: A=False, B=True" in result.stderr and "paired arms must share the flag" in result.stderr
+        assert (
+            "bucket_by_length: A=False, B=True" in result.stderr and "paired arms must share the flag" in result.stderr
+        )
         assert "fix: set the key in [protocol].config" in result.stderr
     assert ledger_fingerprint(cli.ledger) == before
 
 
 def test_the_comparison_is_found_through_reads_and_in_expectations() -> None:
-    text = variant(BUCKETED_B, **{"[reads]\n": LOSS_READ, 'check = "secondary >= 0.04"': 'check = "loss_drift <= 0.05"'})
+    text = variant(
+        BUCKETED_B, **{"[reads]\n": LOSS_READ, 'check = "secondary >= 0.04"': 'check = "loss_drift <= 0.05"'}
+    )
     reg = _registration(text)
     problems = unpaired_comparisons(reg)
     assert [p.split(" = ")[0] for p in problems] == ["reads.loss_drift", "expectations.2.check"]
@@ -65,7 +75,9 @@ def test_an_amendment_that_introduces_the_comparison_is_refused(cli: Cli, frozen
     result = cli.on_ledger("amend", "mini", amendment)
     assert result.exit_code == INVALID and str(amendment) in result.stderr and "reads.loss_drift" in result.stderr
     assert ledger_fingerprint(cli.ledger) == before
-    speed_only = write(tmp_path, "b.toml", 'reason = "bucket B"\n[set.protocol.rungs.B]\nconfig = { bucket_by_length = true }\n')
+    speed_only = write(
+        tmp_path, "b.toml", 'reason = "bucket B"\n[set.protocol.rungs.B]\nconfig = { bucket_by_length = true }\n'
+    )
     cli.ok("amend", "mini", speed_only)
 
 
@@ -76,7 +88,9 @@ def test_the_bundled_registrations_pair_their_comparisons_but_the_one_that_taugh
     shutil.copyfile(REGISTRATIONS.parent / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
     ledger = Ledger.open(str(copy), create=False)
     try:
-        assert UNPAIRED_BEFORE_THE_RULE <= set(ledger.reg_ids())  # frozen before the rule: a frozen registration never changes
+        assert UNPAIRED_BEFORE_THE_RULE <= set(
+            ledger.reg_ids()
+        )  # frozen before the rule: a frozen registration never changes
     finally:
         ledger.close()
 

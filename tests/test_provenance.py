@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import MINI, write
+
 from prereg import actions
 from prereg.ledger import Ledger
 from prereg.provenance import git_state, tool_version

@@ -38,8 +38,14 @@ def test_the_worked_example_runs_as_written(tmp_path):
     shutil.copytree(ROOT / "registrations", tmp_path / "registrations")
     outputs = []
     for command in commands:
-        result = subprocess.run([sys.executable, str(ROOT / "cli.py"), *command[1:]], cwd=tmp_path, capture_output=True, text=True,
-                                env={**os.environ, "COLUMNS": "110"}, timeout=600)
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), *command[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "110"},
+            timeout=600,
+        )
         assert result.returncode == 0, (command, result.stdout, result.stderr)
         outputs.append(result.stdout)
     text = "\n".join(outputs)
@@ -66,5 +72,8 @@ def test_the_calibration_table_is_the_ledgers(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "audit", "calibration", "--json", "--ledger", str(copy)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     computed = json.loads(result.stdout)
-    assert rows == [(lv["confidence"], str(lv["p"]), str(lv["n"]), str(lv["hits"]), str(lv["undefined"])) for lv in computed["levels"]]
+    assert rows == [
+        (lv["confidence"], str(lv["p"]), str(lv["n"]), str(lv["hits"]), str(lv["undefined"]))
+        for lv in computed["levels"]
+    ]
     assert f"Brier score {computed['brier']:.3f} over {computed['scored']} scored expectations" in section

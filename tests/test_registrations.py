@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import UNPAIRED_BEFORE_THE_RULE
 
 from prereg import actions
-from conftest import UNPAIRED_BEFORE_THE_RULE
 from prereg.documents import load_registration
 from prereg.errors import InvalidInput
 from prereg.ledger import Ledger
@@ -44,7 +44,9 @@ def replay_order(directory: Path) -> list[Path]:
     for path in directory.iterdir():
         match = STEP_FILE.match(path.name)
         if match is None:
-            raise ValueError(f"{path}: not a step file; history files are named amend-<label><N>.toml or record-<label><N>.toml")
+            raise ValueError(
+                f"{path}: not a step file; history files are named amend-<label><N>.toml or record-<label><N>.toml"
+            )
         keyed.append(((int(match["n"]), VERB_ORDER[match["verb"]], match["label"]), path))
     return [path for _, path in sorted(keyed)]
 
@@ -63,26 +65,36 @@ def test_the_directory_holds_registrations():
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
 def test_registration_validates_and_names_its_seed(path: Path):
     reg, _ = load_registration(path)
-    assert reg.id == path.stem, f"{path.name} holds registration {reg.id!r}; a registration's file is named after its id"
+    assert reg.id == path.stem, (
+        f"{path.name} holds registration {reg.id!r}; a registration's file is named after its id"
+    )
     assert reg.source, f"{path.name}: source must say where the practice it encodes is written down"
     issue = ISSUE_SOURCE.match(reg.source)
     if issue:
         header = ISSUE_COMMENT.match(path.read_text(encoding="utf-8").splitlines()[0])
-        assert header and header["issue"] == issue["issue"], f"{path.name}: the header comment must name issue {issue['issue']}"
+        assert header and header["issue"] == issue["issue"], (
+            f"{path.name}: the header comment must name issue {issue['issue']}"
+        )
         return
     source = SEED_SOURCE.match(reg.source)
-    assert source, f"{path.name}: source must name the seed file ('seed NNN_<hash>: …') or the issue ('issue N: …'), not {reg.source!r}"
+    assert source, (
+        f"{path.name}: source must name the seed file ('seed NNN_<hash>: …') or the issue ('issue N: …'), not {reg.source!r}"
+    )
     assert seed_of_header(path) == source["seed"], f"{path.name}: the header comment and source name different seeds"
 
 
 @pytest.mark.parametrize("directory", HISTORY_DIRS, ids=lambda p: p.name)
 def test_history_directory_belongs_to_a_registration_and_holds_only_step_files(directory: Path):
-    assert (REGISTRATIONS / f"{directory.name}.toml").is_file(), f"{directory.name}/ has no registration {directory.name}.toml"
+    assert (REGISTRATIONS / f"{directory.name}.toml").is_file(), (
+        f"{directory.name}/ has no registration {directory.name}.toml"
+    )
     steps = replay_order(directory)
     assert steps, f"{directory.name}/ is empty"
     registration_seed = seed_of_header(REGISTRATIONS / f"{directory.name}.toml")
     for path in steps:
-        assert seed_of_header(path) == registration_seed, f"{directory.name}/{path.name} names a different seed than its registration"
+        assert seed_of_header(path) == registration_seed, (
+            f"{directory.name}/{path.name} names a different seed than its registration"
+        )
 
 
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
@@ -112,10 +124,20 @@ def test_bundled_history_replays_without_post_hoc(path: Path, tmp_path: Path):
 
 
 def test_replay_order_puts_a_steps_amendment_before_its_record_and_orders_numerically(tmp_path: Path):
-    for name in ("record-rung10.toml", "record-rung2.toml", "amend-rung2.toml", "record-rung1.toml", "amend-rung10.toml"):
+    for name in (
+        "record-rung10.toml",
+        "record-rung2.toml",
+        "amend-rung2.toml",
+        "record-rung1.toml",
+        "amend-rung10.toml",
+    ):
         (tmp_path / name).write_text("# Seed 003\n", encoding="utf-8")
     assert [p.name for p in replay_order(tmp_path)] == [
-        "record-rung1.toml", "amend-rung2.toml", "record-rung2.toml", "amend-rung10.toml", "record-rung10.toml",
+        "record-rung1.toml",
+        "amend-rung2.toml",
+        "record-rung2.toml",
+        "amend-rung10.toml",
+        "record-rung10.toml",
     ]
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import REGISTRATIONS, Cli
 
 F1 = "molmo2-ar-40k-f1"
@@ -34,7 +33,9 @@ def step_file(verb: str, rung: int) -> Path:
     return HISTORY / f"{verb}-rung{rung}.toml"
 
 
-def replay(cli: Cli, order: list[tuple[str, int]], replace: dict[tuple[str, int], Path] | None = None) -> dict[str, Any]:
+def replay(
+    cli: Cli, order: list[tuple[str, int]], replace: dict[tuple[str, int], Path] | None = None
+) -> dict[str, Any]:
     """Freeze, then each step through the CLI (a step in `replace` uses that file instead); return the verdict."""
     cli.ok("freeze", REGISTRATION)
     for verb, rung in order:
@@ -58,7 +59,9 @@ def test_rung8_passes_the_rule_its_amendment_set(replayed):
     _, verdict = replayed
     assert verdict["until_pass"]["passed"] == "rung8"
     assert ALLOCATED_RULE in verdict["until_pass"]["reason"]
-    assert "'vram_peak_gib': 66.67" in verdict["until_pass"]["reason"]  # "max vram_alloc_peak_gib 66.67 … PASSES the ≤71 rule"
+    assert (
+        "'vram_peak_gib': 66.67" in verdict["until_pass"]["reason"]
+    )  # "max vram_alloc_peak_gib 66.67 … PASSES the ≤71 rule"
     assert verdict["version"] == 5
 
 
@@ -110,13 +113,16 @@ def test_the_ledger_verifies_after_the_replay(replayed):
 def rung7_with_allocated_peak(directory: Path) -> Path:
     """Rung 7's record plus an allocated peak that rung 8's rule would pass (the seed reports none)."""
     path = directory / "record-rung7-allocated.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         provenance = "test: rung 7 as recorded, plus a hypothetical allocated peak inside rung 8's ≤71 GiB rule"
         [rungs.rung7]
         items = []
         status = "finished"
         metrics = { rc = 0, steps = 150, smi_peak_mib = 78057, vram_peak_gib = 60.0, s_per_step = 3.88 }
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     return path
 
 

@@ -21,16 +21,25 @@ METRICS = frozenset({"s_per_step", "vram_peak_gib", "loss", "finite", "rc", "pro
 ITEMS = frozenset({"P1", "P2", "P3a", "P3b", "P3c", "P4"})
 ORACLES = frozenset({"P1a", "P1b", "P1c", "P2a", "P4a"})
 READS = Scope("reads", reads={"primary", "vram_clean"}, rungs=RUNGS, metrics=METRICS)
-RULES = Scope("rules", reads={"primary", "vram_clean", "a", "b", "c"}, rungs=RUNGS, metrics=METRICS,
-              items=ITEMS, oracles=ORACLES, kills={"K-cudnn"})
+RULES = Scope(
+    "rules",
+    reads={"primary", "vram_clean", "a", "b", "c"},
+    rungs=RUNGS,
+    metrics=METRICS,
+    items=ITEMS,
+    oracles=ORACLES,
+    kills={"K-cudnn"},
+)
 UNTIL_PASS_RULES = Scope("rules", rungs={"rung7", "rung8", "PASS"}, metrics=METRICS)
 PASS_RULE = Scope("pass_rule", rungs={"rung7", "rung8"}, metrics=METRICS)
 KILL = Scope("kill", rungs=RUNGS, metrics=METRICS)
 
 PRIMARY = "(A.s_per_step - C.s_per_step) / A.s_per_step"
 VRAM_CLEAN = "C.vram_peak_gib <= A.vram_peak_gib * 1.02"
-K1 = ("not finite(loss) or (step >= 10000 and min_since(probe_chunk_mae, 2500) >= at_step(probe_chunk_mae, 2500))"
-      " or (step >= 5000 and min(last(probe_chunk_mae, 3)) > 25)")
+K1 = (
+    "not finite(loss) or (step >= 10000 and min_since(probe_chunk_mae, 2500) >= at_step(probe_chunk_mae, 2500))"
+    " or (step >= 5000 and min(last(probe_chunk_mae, 3)) > 25)"
+)
 NOT_RUN = Undefined("rung C did not run")
 
 
@@ -53,12 +62,18 @@ def test_primary_read_is_the_relative_step_time_gain():
 def test_primary_read_is_undefined_when_rung_c_did_not_run_and_says_so():
     result = value(PRIMARY, READS, rung_metrics={("A", "s_per_step"): 2.2518, ("C", "s_per_step"): NOT_RUN})
     assert result == Undefined("C.s_per_step: rung C did not run")
-    assert value(PRIMARY, READS, rung_metrics={("A", "s_per_step"): 2.2518}) == Undefined("C.s_per_step: rung C has no measurements")
+    assert value(PRIMARY, READS, rung_metrics={("A", "s_per_step"): 2.2518}) == Undefined(
+        "C.s_per_step: rung C has no measurements"
+    )
 
 
-@pytest.mark.parametrize(("c_peak", "clean"), [(66.6, True), (66.6 * 1.02, True), (67.93, True), (67.94, False), (70.0, False)])
+@pytest.mark.parametrize(
+    ("c_peak", "clean"), [(66.6, True), (66.6 * 1.02, True), (67.93, True), (67.94, False), (70.0, False)]
+)
 def test_vram_clean_guard_read(c_peak, clean):
-    assert value(VRAM_CLEAN, READS, rung_metrics={("A", "vram_peak_gib"): 66.6, ("C", "vram_peak_gib"): c_peak}) is clean
+    assert (
+        value(VRAM_CLEAN, READS, rung_metrics={("A", "vram_peak_gib"): 66.6, ("C", "vram_peak_gib"): c_peak}) is clean
+    )
 
 
 @pytest.mark.parametrize(
@@ -96,15 +111,20 @@ def test_seed_003_f2_wall_over_the_rung_that_passed(s_per_step, fits):
 def test_f2_wall_is_undefined_when_no_rung_passed():
     env = MapEnv(rung_metrics={("PASS", "s_per_step"): Undefined("no rung passed")})
     assert compile_expr("40000 * PASS.s_per_step / 3600 <= 30", UNTIL_PASS_RULES).evaluate(env) == Undefined(
-        "PASS.s_per_step: no rung passed")
+        "PASS.s_per_step: no rung passed"
+    )
 
 
-@pytest.mark.parametrize(("rc", "peak", "passes"), [(0, 66.67, True), (0, 71, True), (0, 71.01, False), (1, 66.67, False)])
+@pytest.mark.parametrize(
+    ("rc", "peak", "passes"), [(0, 66.67, True), (0, 71, True), (0, 71.01, False), (1, 66.67, False)]
+)
 def test_seed_003_rung_8_pass_rule_on_the_judged_rungs_summary(rc, peak, passes):
     assert value("rc == 0 and vram_peak_gib <= 71", PASS_RULE, metrics={"rc": rc, "vram_peak_gib": peak}) is passes
 
 
-@pytest.mark.parametrize(("loss", "kill"), [(2.0, False), (math.nan, True), (math.inf, True), (-math.inf, True), (7, False)])
+@pytest.mark.parametrize(
+    ("loss", "kill"), [(2.0, False), (math.nan, True), (math.inf, True), (-math.inf, True), (7, False)]
+)
 def test_kill_on_non_finite_loss(loss, kill):
     assert value("not finite(loss)", KILL, metrics={"loss": loss}, step=20) is kill
 
@@ -113,7 +133,9 @@ def test_expectation_all_oracles_passed():
     expr = compile_expr("all_oracles_passed()", Scope("expectations", items=ITEMS, oracles=ORACLES))
     assert expr.evaluate(MapEnv(oracles={"P1a": True, "P2a": True})) is True
     assert expr.evaluate(MapEnv(oracles={"P1a": False, "P2a": Undefined("not run")})) is False
-    assert expr.evaluate(MapEnv(oracles={"P1a": True, "P2a": Undefined("not run")})) == Undefined("all_oracles_passed(): not run")
+    assert expr.evaluate(MapEnv(oracles={"P1a": True, "P2a": Undefined("not run")})) == Undefined(
+        "all_oracles_passed(): not run"
+    )
     assert expr.evaluate(MapEnv()) == Undefined("all_oracles_passed(): no oracle has a result")
     assert expr.evaluate(MapEnv(all_oracles=True)) is True
 
@@ -140,7 +162,9 @@ def k1_fires(probe: dict[int, float], *, nan_loss_at: int | None = None, last_st
         if step in probe:
             probe_history.append((step, probe[step]))
             metrics["probe_chunk_mae"] = probe[step]
-        env = MapEnv(metrics=metrics, step=step, history={"probe_chunk_mae": list(probe_history), "loss": list(loss_history)})
+        env = MapEnv(
+            metrics=metrics, step=step, history={"probe_chunk_mae": list(probe_history), "loss": list(loss_history)}
+        )
         results[step] = expr.evaluate(env)
     return results
 
@@ -156,12 +180,21 @@ def test_k1_does_not_fire_on_a_descending_probe():
 
 def test_k1_fires_at_step_10000_when_the_probe_never_descends_below_its_step_2500_value():
     # 20.0 at 2500, then hovering above it (and under the 25 line, so the third clause stays quiet).
-    probe = {s: 22.0 for s in range(500, 2500, 500)} | {2500: 20.0} | {s: 20.0 + (s % 1000) / 1000 for s in range(3000, 12001, 500)}
+    probe = (
+        {s: 22.0 for s in range(500, 2500, 500)}
+        | {2500: 20.0}
+        | {s: 20.0 + (s % 1000) / 1000 for s in range(3000, 12001, 500)}
+    )
     assert fired_at(k1_fires(probe))[0] == 10000
 
 
 def test_k1_does_not_fire_when_the_probe_dips_below_its_step_2500_value_once():
-    probe = {s: 22.0 for s in range(500, 2500, 500)} | {2500: 20.0} | {s: 20.5 for s in range(3000, 12001, 500)} | {7000: 19.9}
+    probe = (
+        {s: 22.0 for s in range(500, 2500, 500)}
+        | {2500: 20.0}
+        | {s: 20.5 for s in range(3000, 12001, 500)}
+        | {7000: 19.9}
+    )
     assert fired_at(k1_fires(probe)) == []
 
 
@@ -210,8 +243,11 @@ def test_and_or_truth_tables(a, b):
         result = read_u(text, a, b)
         expected = table[(a, b)]
         if isinstance(expected, Undefined):
-            assert result == Undefined("read a is undefined: rung C did not run") if isinstance(a, Undefined) else \
-                result == Undefined("read b is undefined: rung C did not run"), (text, a, b, result)
+            assert (
+                result == Undefined("read a is undefined: rung C did not run")
+                if isinstance(a, Undefined)
+                else result == Undefined("read b is undefined: rung C did not run")
+            ), (text, a, b, result)
         else:
             assert result is expected, (text, a, b, result)
 
@@ -250,7 +286,8 @@ def test_and_or_do_not_compute_reads_after_a_deciding_operand():
 def test_undefined_keeps_its_first_cause_through_arithmetic_and_functions():
     env = MapEnv(reads={"a": Undefined("A.s_per_step: rung A did not run"), "b": Undefined("second")})
     assert compile_expr("max(a + 1, b) > 3", RULES).evaluate(env) == Undefined(
-        "read a is undefined: A.s_per_step: rung A did not run")
+        "read a is undefined: A.s_per_step: rung A did not run"
+    )
 
 
 def test_undefined_has_no_truth_value():
@@ -270,8 +307,11 @@ def test_chained_comparison_is_false_once_any_link_is_false_even_after_an_undefi
 
 
 def test_division_by_zero_is_undefined_naming_the_division():
-    result = value("A.s_per_step / (B.s_per_step - B.s_per_step) > 0", READS,
-                   rung_metrics={("A", "s_per_step"): 1.0, ("B", "s_per_step"): 2.0})
+    result = value(
+        "A.s_per_step / (B.s_per_step - B.s_per_step) > 0",
+        READS,
+        rung_metrics={("A", "s_per_step"): 1.0, ("B", "s_per_step"): 2.0},
+    )
     assert result == Undefined("division by zero in A.s_per_step / (B.s_per_step - B.s_per_step)")
 
 
@@ -294,7 +334,12 @@ def test_type_errors_at_evaluation_are_undefined_with_a_reason(text, reads, reas
 
 def test_numbers_compare_across_int_and_float_and_numpy_values_are_admitted():
     assert value("rc == 0", PASS_RULE, metrics={"rc": 0.0}) is True
-    assert value("rc == 0 and vram_peak_gib < 71", PASS_RULE, metrics={"rc": np.int64(0), "vram_peak_gib": np.float32(66.5)}) is True
+    assert (
+        value(
+            "rc == 0 and vram_peak_gib < 71", PASS_RULE, metrics={"rc": np.int64(0), "vram_peak_gib": np.float32(66.5)}
+        )
+        is True
+    )
 
 
 def test_an_env_returning_a_non_value_is_the_callers_bug():
@@ -333,14 +378,18 @@ def test_a_nan_anywhere_makes_a_summary_nan_whatever_its_position(text):
     assert math.isnan(compile_expr(text, Scope("reads", reads={"a"})).evaluate(MapEnv(reads={"a": math.nan})))
 
 
-@pytest.mark.parametrize(("x", "finite"), [(math.nan, False), (math.inf, False), (-math.inf, False), (1e308, True), (10**400, True)])
+@pytest.mark.parametrize(
+    ("x", "finite"), [(math.nan, False), (math.inf, False), (-math.inf, False), (1e308, True), (10**400, True)]
+)
 def test_finite(x, finite):
     assert read_u("finite(a)", x) is finite
 
 
 def kill_env(step: int, **series: list[float]) -> MapEnv:
     """Windows every 100 steps ending at `step`, the last len(values) of them carrying the values."""
-    return MapEnv(step=step, history={m: [(step - 100 * (len(v) - 1 - i), x) for i, x in enumerate(v)] for m, v in series.items()})
+    return MapEnv(
+        step=step, history={m: [(step - 100 * (len(v) - 1 - i), x) for i, x in enumerate(v)] for m, v in series.items()}
+    )
 
 
 @pytest.mark.parametrize(
@@ -388,9 +437,13 @@ def test_history_functions_over_a_boolean_series(text, expected):
 def test_history_function_reasons_say_what_is_missing():
     env = kill_env(500, loss=[4.0, 2.0])
     assert compile_expr("max(last(loss, 3)) > 0", KILL).evaluate(env).reason == (
-        "last(loss, 3): only 2 loss window(s) so far, 3 needed")
-    assert compile_expr("at_step(loss, 250) > 0", KILL).evaluate(env).reason.startswith(
-        "at_step(loss, 250): no loss window ended at step 250 (latest windows end at 400, 500)")
+        "last(loss, 3): only 2 loss window(s) so far, 3 needed"
+    )
+    assert (
+        compile_expr("at_step(loss, 250) > 0", KILL)
+        .evaluate(env)
+        .reason.startswith("at_step(loss, 250): no loss window ended at step 250 (latest windows end at 400, 500)")
+    )
 
 
 def test_history_must_come_oldest_first():
@@ -427,7 +480,7 @@ def test_scope_validation():
 
 
 def test_multi_line_expression_with_leading_indentation_compiles():
-    text = '\n    (primary >= 0.05\n     and vram_clean)\n'
+    text = "\n    (primary >= 0.05\n     and vram_clean)\n"
     assert compile_expr(text, RULES).evaluate(MapEnv(reads={"primary": 0.06, "vram_clean": True})) is True
 
 
@@ -470,28 +523,38 @@ def number_trees(depth: int) -> st.SearchStrategy:
         st.tuples(st.sampled_from(["-", "+"]), numbers).map(lambda t: ("sign", *t)),
         st.tuples(st.sampled_from(["+", "-", "*", "/"]), numbers, numbers).map(lambda t: ("arith", *t)),
         st.tuples(st.sampled_from(["abs"]), st.lists(numbers, min_size=1, max_size=1)).map(lambda t: ("call", *t)),
-        st.tuples(st.sampled_from(["min", "max", "mean", "median", "sum"]), st.lists(numbers, min_size=1, max_size=4)).map(
-            lambda t: ("call", *t)),
+        st.tuples(
+            st.sampled_from(["min", "max", "mean", "median", "sum"]), st.lists(numbers, min_size=1, max_size=4)
+        ).map(lambda t: ("call", *t)),
         st.tuples(st.just("count"), st.lists(booleans, min_size=1, max_size=4)).map(lambda t: ("call", *t)),
     )
 
 
 @functools.cache
 def boolean_trees(depth: int) -> st.SearchStrategy:
-    leaves = st.one_of(st.booleans().map(lambda v: ("const", v)), st.sampled_from(BOOLEAN_NAMES).map(lambda n: ("name", n)))
+    leaves = st.one_of(
+        st.booleans().map(lambda v: ("const", v)), st.sampled_from(BOOLEAN_NAMES).map(lambda n: ("name", n))
+    )
     if depth == 0:
         return leaves
     numbers, booleans = number_trees(depth - 1), boolean_trees(depth - 1)
     return st.one_of(
         leaves,
         booleans.map(lambda b: ("not", b)),
-        st.tuples(st.sampled_from(["and", "or"]), st.lists(booleans, min_size=2, max_size=3)).map(lambda t: ("boolop", *t)),
-        st.lists(st.tuples(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), numbers), min_size=1, max_size=3).flatmap(
-            lambda links: numbers.map(lambda first: ("compare", first, links))),
+        st.tuples(st.sampled_from(["and", "or"]), st.lists(booleans, min_size=2, max_size=3)).map(
+            lambda t: ("boolop", *t)
+        ),
+        st.lists(
+            st.tuples(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), numbers), min_size=1, max_size=3
+        ).flatmap(lambda links: numbers.map(lambda first: ("compare", first, links))),
         st.tuples(st.sampled_from(["==", "!="]), booleans, booleans).map(lambda t: ("compare", t[1], [(t[0], t[2])])),
-        st.tuples(st.sampled_from(["all", "any"]), st.lists(booleans, min_size=1, max_size=3)).map(lambda t: ("call", *t)),
+        st.tuples(st.sampled_from(["all", "any"]), st.lists(booleans, min_size=1, max_size=3)).map(
+            lambda t: ("call", *t)
+        ),
         st.tuples(st.just("finite"), st.lists(numbers, min_size=1, max_size=1)).map(lambda t: ("call", *t)),
-        st.tuples(st.just("defined"), st.lists(st.one_of(numbers, booleans), min_size=1, max_size=1)).map(lambda t: ("call", *t)),
+        st.tuples(st.just("defined"), st.lists(st.one_of(numbers, booleans), min_size=1, max_size=1)).map(
+            lambda t: ("call", *t)
+        ),
     )
 
 
@@ -555,8 +618,16 @@ def reference(tree, names: dict):
             if left is UNKNOWN or right is UNKNOWN:
                 links.append(UNKNOWN)
             else:
-                links.append({"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right,
-                              "==": left == right, "!=": left != right}[op])
+                links.append(
+                    {
+                        "<": left < right,
+                        "<=": left <= right,
+                        ">": left > right,
+                        ">=": left >= right,
+                        "==": left == right,
+                        "!=": left != right,
+                    }[op]
+                )
         return _kleene(links, deciding=False)
     if kind == "call" and tree[1] == "defined":
         return reference(tree[2][0], names) is not UNKNOWN
@@ -626,5 +697,7 @@ def test_random_conditions_compile_as_rules_and_kill_lines(tree, names):
     kill_text = text.replace("A.", "A_").replace("B.", "B_")
     metrics = {*NUMBER_NAMES, *BOOLEAN_NAMES, "A_x", "A_y", "B_x", "B_y"}
     kill = compile_expr(kill_text, Scope("kill", metrics=metrics))
-    env = MapEnv(metrics={n.replace(".", "_"): Undefined("withheld") if v is UNKNOWN else v for n, v in names.items()}, step=0)
+    env = MapEnv(
+        metrics={n.replace(".", "_"): Undefined("withheld") if v is UNKNOWN else v for n, v in names.items()}, step=0
+    )
     assert same(kill.evaluate(env), reference(tree, names))

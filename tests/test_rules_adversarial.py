@@ -15,14 +15,30 @@ from prereg.rules import MAX_DEPTH, MAX_LENGTH, MapEnv, RuleError, Scope, Undefi
 
 RUNGS = frozenset({"A", "B", "C"})
 METRICS = frozenset({"s_per_step", "vram_peak_gib", "loss", "finite", "rc", "probe_chunk_mae"})
-READS = Scope("reads", reads={"primary", "vram_clean", "x", "y"}, rungs=RUNGS, metrics=METRICS,
-              items={"P1", "P2"}, oracles={"P1a", "P2a"}, kills={"K1"})
-RULES = Scope("rules", reads={"primary", "vram_clean"}, rungs=RUNGS, metrics=METRICS,
-              items={"P1", "P2"}, oracles={"P1a", "P2a"}, kills={"K1"})
+READS = Scope(
+    "reads",
+    reads={"primary", "vram_clean", "x", "y"},
+    rungs=RUNGS,
+    metrics=METRICS,
+    items={"P1", "P2"},
+    oracles={"P1a", "P2a"},
+    kills={"K1"},
+)
+RULES = Scope(
+    "rules",
+    reads={"primary", "vram_clean"},
+    rungs=RUNGS,
+    metrics=METRICS,
+    items={"P1", "P2"},
+    oracles={"P1a", "P2a"},
+    kills={"K1"},
+)
 UNTIL_PASS = Scope("rules", rungs={"rung7", "rung8", "PASS"}, metrics=METRICS)
 PASS_RULE = Scope("pass_rule", rungs={"rung7", "rung8", "PASS"}, metrics=METRICS)
 KILL = Scope("kill", rungs=RUNGS, metrics=METRICS)
-EXPECTATIONS = Scope("expectations", reads={"primary"}, rungs=RUNGS, metrics=METRICS, items={"P1", "P2"}, oracles={"P1a", "P2a"})
+EXPECTATIONS = Scope(
+    "expectations", reads={"primary"}, rungs=RUNGS, metrics=METRICS, items={"P1", "P2"}, oracles={"P1a", "P2a"}
+)
 SCOPES = [READS, RULES, UNTIL_PASS, PASS_RULE, KILL, EXPECTATIONS]
 
 
@@ -193,13 +209,21 @@ def test_columns_count_characters_after_leading_whitespace_and_non_ascii_text():
         ("step > 1", PASS_RULE, "'step' exists only in kill lines"),
         ("min_since(loss, 10) > 1", PASS_RULE, "only in kill lines"),
         ("los > 1", KILL, "did you mean 'loss'?"),
-        ("at_step(loss + 1, 5) > 1", KILL, "the first argument of at_step() names a metric's series: 'loss + 1' is not a metric"),
+        (
+            "at_step(loss + 1, 5) > 1",
+            KILL,
+            "the first argument of at_step() names a metric's series: 'loss + 1' is not a metric",
+        ),
         ("at_step(los, 5) > 1", KILL, "'los' is not a metric; did you mean 'loss'?"),
         ("at_step(loss) > 1", KILL, "at_step() takes 2 argument(s), got 1"),
         ("at_step(loss, True) > 1", KILL, "at_step() needs a number"),
         ("max(last(loss, 0)) > 1", KILL, "last() counts windows: a whole number >= 1, got 0"),
         ("max(last(loss, 2.5)) > 1", KILL, "got 2.5"),
-        ("last(loss, 3) > 1", KILL, "'<' needs a number" if False else "'>' needs a number, and 'last(loss, 3)' is a list"),
+        (
+            "last(loss, 3) > 1",
+            KILL,
+            "'<' needs a number" if False else "'>' needs a number, and 'last(loss, 3)' is a list",
+        ),
         ("last(loss, 3) == 1", KILL, "'last(loss, 3)' is a list, which cannot be compared"),
         ("last(loss, 3)", KILL, "last(...) gives a list, which is not a value on its own"),
         ("max(last(loss, 3), 2) > 1", KILL, "which max() takes only as its sole argument"),
@@ -239,20 +263,113 @@ def test_the_package_never_calls_eval_exec_compile_or_import():
 # -- fuzzing: junk either compiles or is refused with RuleError, and what compiles evaluates ---------
 
 TOKENS = [
-    "A", "B", "PASS", ".", "s_per_step", "loss", "finite", "primary", "x", "step", "(", ")", ",", "and", "or",
-    "not", "+", "-", "*", "/", "**", "%", "//", "<", "<=", "==", "!=", ">", "0", "1", "2.5", "1e400", "-1",
-    "'P1a'", "'P1'", "True", "False", "None", "[", "]", "{", "}", "lambda", ":", ":=", "if", "else", "for",
-    "in", "is", "__class__", "__import__", "abs", "min", "max", "mean", "median", "sum", "count", "all",
-    "any", "defined", "last", "at_step", "min_since", "passed", "killed", "dropped", "all_oracles_passed",
-    "=", "f'", "'", '"', "\\", "\n", "#", "@", "~", "|", "&", "^", "...", "yield", "await", "*x", "**x",
-    "\t", " ", "\u00e9", "\uff21", "\x00", "0x1F", "1_000", "1j", "b''",
+    "A",
+    "B",
+    "PASS",
+    ".",
+    "s_per_step",
+    "loss",
+    "finite",
+    "primary",
+    "x",
+    "step",
+    "(",
+    ")",
+    ",",
+    "and",
+    "or",
+    "not",
+    "+",
+    "-",
+    "*",
+    "/",
+    "**",
+    "%",
+    "//",
+    "<",
+    "<=",
+    "==",
+    "!=",
+    ">",
+    "0",
+    "1",
+    "2.5",
+    "1e400",
+    "-1",
+    "'P1a'",
+    "'P1'",
+    "True",
+    "False",
+    "None",
+    "[",
+    "]",
+    "{",
+    "}",
+    "lambda",
+    ":",
+    ":=",
+    "if",
+    "else",
+    "for",
+    "in",
+    "is",
+    "__class__",
+    "__import__",
+    "abs",
+    "min",
+    "max",
+    "mean",
+    "median",
+    "sum",
+    "count",
+    "all",
+    "any",
+    "defined",
+    "last",
+    "at_step",
+    "min_since",
+    "passed",
+    "killed",
+    "dropped",
+    "all_oracles_passed",
+    "=",
+    "f'",
+    "'",
+    '"',
+    "\\",
+    "\n",
+    "#",
+    "@",
+    "~",
+    "|",
+    "&",
+    "^",
+    "...",
+    "yield",
+    "await",
+    "*x",
+    "**x",
+    "\t",
+    " ",
+    "\u00e9",
+    "\uff21",
+    "\x00",
+    "0x1F",
+    "1_000",
+    "1j",
+    "b''",
 ]
 JUNK_ENVS = [
     MapEnv(),
     MapEnv(
         reads={"primary": 0.07, "vram_clean": True, "x": math.nan, "y": "text"},
-        rung_metrics={("A", "s_per_step"): 2.2, ("B", "s_per_step"): 0, ("C", "loss"): math.inf, ("PASS", "rc"): 0,
-                      ("A", "finite"): True},
+        rung_metrics={
+            ("A", "s_per_step"): 2.2,
+            ("B", "s_per_step"): 0,
+            ("C", "loss"): math.inf,
+            ("PASS", "rc"): 0,
+            ("A", "finite"): True,
+        },
         metrics={"loss": 0.0, "finite": False, "rc": 0, "s_per_step": -1e308, "probe_chunk_mae": 26.0},
         step=5000,
         history={"loss": [(100, 1.0), (200, math.nan)], "probe_chunk_mae": [(2500, 20.0), (5000, 26.0)]},
@@ -305,8 +422,29 @@ def test_long_and_deep_text_compiles_or_is_refused(text, scope):
 
 # Syntactically valid Python over the whole expression grammar, allowed and refused constructs mixed, so
 # that the allow-list and the evaluator (not the parser) see most of the inputs.
-LEAF_NAMES = ["primary", "vram_clean", "x", "y", "loss", "finite", "rc", "step", "A", "PASS", "abs", "min", "last",
-              "passed", "__import__", "open", "__class__", "os", "True", "False", "None"]
+LEAF_NAMES = [
+    "primary",
+    "vram_clean",
+    "x",
+    "y",
+    "loss",
+    "finite",
+    "rc",
+    "step",
+    "A",
+    "PASS",
+    "abs",
+    "min",
+    "last",
+    "passed",
+    "__import__",
+    "open",
+    "__class__",
+    "os",
+    "True",
+    "False",
+    "None",
+]
 LEAVES = st.one_of(
     st.sampled_from(LEAF_NAMES),
     st.sampled_from(["A.s_per_step", "B.loss", "PASS.rc", "C.finite", "D.loss", "A.nope"]),
@@ -315,18 +453,44 @@ LEAVES = st.one_of(
 )
 BINARY = ["+", "-", "*", "/", "**", "%", "//", "@", "<<", ">>", "|", "^", "&"]
 COMPARE = ["<", "<=", ">", ">=", "==", "!=", "in", "not in", "is", "is not"]
-FUNCTION_NAMES = ["abs", "min", "max", "mean", "median", "sum", "count", "all", "any", "finite", "defined", "passed",
-                  "killed", "dropped", "all_oracles_passed", "at_step", "last", "min_since", "max_since", "getattr", "x"]
+FUNCTION_NAMES = [
+    "abs",
+    "min",
+    "max",
+    "mean",
+    "median",
+    "sum",
+    "count",
+    "all",
+    "any",
+    "finite",
+    "defined",
+    "passed",
+    "killed",
+    "dropped",
+    "all_oracles_passed",
+    "at_step",
+    "last",
+    "min_since",
+    "max_since",
+    "getattr",
+    "x",
+]
 
 
 def _allowed_syntax(inner: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         st.tuples(inner, st.sampled_from(["+", "-", "*", "/"]), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
         st.tuples(st.sampled_from(["-", "+", "not "]), inner).map(lambda t: f"({t[0]}{t[1]})"),
-        st.tuples(st.sampled_from([" and ", " or "]), st.lists(inner, min_size=2, max_size=3)).map(lambda t: "(" + t[0].join(t[1]) + ")"),
+        st.tuples(st.sampled_from([" and ", " or "]), st.lists(inner, min_size=2, max_size=3)).map(
+            lambda t: "(" + t[0].join(t[1]) + ")"
+        ),
         st.tuples(inner, st.lists(st.tuples(st.sampled_from(COMPARE[:6]), inner), min_size=1, max_size=2)).map(
-            lambda t: "(" + t[0] + "".join(f" {op} {v}" for op, v in t[1]) + ")"),
-        st.tuples(st.sampled_from(FUNCTION_NAMES), st.lists(inner, max_size=3)).map(lambda t: f"{t[0]}({', '.join(t[1])})"),
+            lambda t: "(" + t[0] + "".join(f" {op} {v}" for op, v in t[1]) + ")"
+        ),
+        st.tuples(st.sampled_from(FUNCTION_NAMES), st.lists(inner, max_size=3)).map(
+            lambda t: f"{t[0]}({', '.join(t[1])})"
+        ),
     )
 
 
@@ -337,7 +501,8 @@ def _refused_syntax(inner: st.SearchStrategy) -> st.SearchStrategy:
         inner.map(lambda v: f"(~{v})"),
         st.tuples(inner, st.sampled_from(COMPARE[6:]), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
         st.tuples(st.sampled_from(FUNCTION_NAMES), args, st.sampled_from(["x=1", "*x", "**x"])).map(
-            lambda t: f"{t[0]}({', '.join([*t[1], t[2]])})"),
+            lambda t: f"{t[0]}({', '.join([*t[1], t[2]])})"
+        ),
         st.tuples(inner, st.sampled_from(["real", "s_per_step", "__class__"])).map(lambda t: f"({t[0]}).{t[1]}"),
         inner.map(lambda v: f"({v})[0]"),
         inner.map(lambda v: f"(lambda: {v})"),
@@ -352,7 +517,9 @@ def _refused_syntax(inner: st.SearchStrategy) -> st.SearchStrategy:
 # Only allowed syntax: most inputs get past the allow-list to name and type checks, and many to evaluation.
 ALLOWED_SYNTAX = st.recursive(LEAVES, _allowed_syntax, max_leaves=10)
 # Allowed and refused syntax mixed: the allow-list must find a refused construct wherever it nests.
-ANY_SYNTAX = st.recursive(LEAVES, lambda inner: st.one_of(_allowed_syntax(inner), _refused_syntax(inner)), max_leaves=10)
+ANY_SYNTAX = st.recursive(
+    LEAVES, lambda inner: st.one_of(_allowed_syntax(inner), _refused_syntax(inner)), max_leaves=10
+)
 FUZZ_PYTHON = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -18,9 +18,15 @@ def surface(command, path: str = "prereg") -> dict:
     # typer carries its own click: duck-typed, not isinstance against the click package.
     entry = {
         "params": [
-            {"name": p.name, "opts": sorted(p.opts), "kind": p.param_type_name,
-             "required": p.required, "flag": bool(getattr(p, "is_flag", False))}
-            for p in command.params if p.name != "help"
+            {
+                "name": p.name,
+                "opts": sorted(p.opts),
+                "kind": p.param_type_name,
+                "required": p.required,
+                "flag": bool(getattr(p, "is_flag", False)),
+            }
+            for p in command.params
+            if p.name != "help"
         ]
     }
     if hasattr(command, "commands"):
@@ -32,7 +38,9 @@ def test_cli_surface_is_frozen():
     current = surface(typer.main.get_command(app))
     if os.environ.get("PREREG_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-    assert current == json.loads(GOLDEN.read_text()), "the CLI surface changed; update tests/golden/cli_surface.json deliberately"
+    assert current == json.loads(GOLDEN.read_text()), (
+        "the CLI surface changed; update tests/golden/cli_surface.json deliberately"
+    )
 
 
 def test_every_verb_of_design_md_exists_and_takes_ledger_and_json():
@@ -40,7 +48,9 @@ def test_every_verb_of_design_md_exists_and_takes_ledger_and_json():
     verbs = set(current["commands"])
     assert {"check", "freeze", "amend", "run", "record", "verdict", "audit", "report"} <= verbs
     assert {"list", "show", "verify", "costs", "calibration", "export"} <= set(current["commands"]["audit"]["commands"])
-    for name, verb in [(n, v) for n, v in current["commands"].items() if n != "audit"] + list(current["commands"]["audit"]["commands"].items()):
+    for name, verb in [(n, v) for n, v in current["commands"].items() if n != "audit"] + list(
+        current["commands"]["audit"]["commands"].items()
+    ):
         options = {o for p in verb["params"] for o in p["opts"]}
         assert "--ledger" in options, name
         if name != "export":  # export writes JSONL, which is its machine-readable form

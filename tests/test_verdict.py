@@ -7,13 +7,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import PASSING_ORACLES, PERF_PASS1, Cli, ledger_fingerprint, record_file, rung_record, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import PASSING_ORACLES, PERF_PASS1, Cli, ledger_fingerprint, record_file, rung_record, write
-
 P1_FAILS = "[oracles.P1a]\nloss_abs = 8.7e-3\ngrad_norm_rel = 4e-3\n[oracles.P2a]\nmissing = []\nviolations = []\n"
-P2_FAILS = "[oracles.P1a]\nloss_abs = 2e-4\ngrad_norm_rel = 3e-3\n[oracles.P2a]\nmissing = [\"vram_window_peak_gib\"]\nviolations = []\n"
+P2_FAILS = '[oracles.P1a]\nloss_abs = 2e-4\ngrad_norm_rel = 3e-3\n[oracles.P2a]\nmissing = ["vram_window_peak_gib"]\nviolations = []\n'
 
 # The keys `prereg verdict --json` promises other tools (DESIGN.md, "The command line").
 PROMISED = {"outcome", "rule", "land", "park", "dropped", "reads", "undefined", "expectations", "post_hoc"}
@@ -32,7 +31,11 @@ def test_verdict_json_has_the_promised_keys_and_shapes(cli: Cli, frozen_mini: Pa
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", P1_FAILS, *rungs(A=2.0)))
     verdict = cli.ok_json("verdict", "mini")
     assert PROMISED <= set(verdict)
-    assert isinstance(verdict["land"], list) and isinstance(verdict["park"], list) and isinstance(verdict["post_hoc"], list)
+    assert (
+        isinstance(verdict["land"], list)
+        and isinstance(verdict["park"], list)
+        and isinstance(verdict["post_hoc"], list)
+    )
     assert set(verdict["reads"]) == {"primary", "secondary", "vram_clean"}
     assert all(value is None or isinstance(value, (int, float)) for value in verdict["reads"].values())
     assert set(verdict["undefined"]) <= set(verdict["reads"])
@@ -41,10 +44,14 @@ def test_verdict_json_has_the_promised_keys_and_shapes(cli: Cli, frozen_mini: Pa
     assert {"oracle", "observed", "bound"} <= set(verdict["dropped"]["P1"])
 
 
-def test_a_failing_oracle_drops_its_item_with_observed_value_and_bound(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_a_failing_oracle_drops_its_item_with_observed_value_and_bound(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     recorded = cli.ok_json("record", "mini", record_file(tmp_path, "r.toml", P1_FAILS))
-    assert recorded["oracles"] == {"P1a": {"passed": False, "reason": "loss_abs = 0.0087 > bound 0.001"},
-                                   "P2a": {"passed": True, "reason": "schema holds"}}
+    assert recorded["oracles"] == {
+        "P1a": {"passed": False, "reason": "loss_abs = 0.0087 > bound 0.001"},
+        "P2a": {"passed": True, "reason": "schema holds"},
+    }
     dropped = cli.ok_json("verdict", "mini")["dropped"]
     assert set(dropped) == {"P1"}
     assert dropped["P1"]["oracle"] == "P1a"
@@ -53,9 +60,16 @@ def test_a_failing_oracle_drops_its_item_with_observed_value_and_bound(cli: Cli,
     assert "0.0087 > bound 0.001" in cli.ok("verdict", "mini").stdout
 
 
-def test_a_probe_that_could_not_run_fails_its_oracle_with_the_reason(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", '[oracles.P1a]\nerror = "cuDNN is not available on a CPU"\n'))
-    assert cli.ok_json("verdict", "mini")["dropped"]["P1"]["reason"] == "probe could not run: cuDNN is not available on a CPU"
+def test_a_probe_that_could_not_run_fails_its_oracle_with_the_reason(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
+    cli.ok(
+        "record", "mini", record_file(tmp_path, "r.toml", '[oracles.P1a]\nerror = "cuDNN is not available on a CPU"\n')
+    )
+    assert (
+        cli.ok_json("verdict", "mini")["dropped"]["P1"]["reason"]
+        == "probe could not run: cuDNN is not available on a CPU"
+    )
 
 
 def test_a_non_finite_observation_fails_its_oracle_and_is_kept(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
@@ -65,7 +79,11 @@ def test_a_non_finite_observation_fails_its_oracle_and_is_kept(cli: Cli, frozen_
 
 
 def test_the_ladder_replans_a_rung_whose_items_all_dropped(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", P1_FAILS, *rungs(A=2.0), rung_record("C", ["P2"], s_per_step=1.9)))
+    cli.ok(
+        "record",
+        "mini",
+        record_file(tmp_path, "r.toml", P1_FAILS, *rungs(A=2.0), rung_record("C", ["P2"], s_per_step=1.9)),
+    )
     verdict = cli.ok_json("verdict", "mini")
     b, c = view(verdict, "B"), view(verdict, "C")
     assert b["skip"] == "every item it tests was dropped (P1)" and b["run"] is None
@@ -84,10 +102,17 @@ def test_a_rung_equal_to_another_after_a_drop_is_not_run(cli: Cli, frozen_mini: 
     assert abs(verdict["reads"]["secondary"] - 0.1) < 1e-12
 
 
-def test_a_rung_recorded_with_other_items_is_flagged_kept_and_read_by_nothing(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_a_rung_recorded_with_other_items_is_flagged_kept_and_read_by_nothing(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     # B ran P1 and P2 although the plan's B is P1 alone.
-    recorded = cli.ok_json("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES, *rungs(A=2.0, C=1.7),
-                                                          rung_record("B", ["P1", "P2"], s_per_step=1.5)))
+    recorded = cli.ok_json(
+        "record",
+        "mini",
+        record_file(
+            tmp_path, "r.toml", PASSING_ORACLES, *rungs(A=2.0, C=1.7), rung_record("B", ["P1", "P2"], s_per_step=1.5)
+        ),
+    )
     assert recorded["rungs"]["B"]["flagged"] == "ran ['P2'] which the plan does not include"
     assert recorded["rungs"]["A"]["flagged"] is None
 
@@ -114,28 +139,60 @@ def test_a_rung_measured_before_a_later_drop_is_stale(cli: Cli, frozen_mini: Pat
     cli.ok("record", "mini", record_file(tmp_path, "r2.toml", P1_FAILS))  # the gate's result arrives after the ladder
     verdict = cli.ok_json("verdict", "mini")
     assert verdict["reads"]["primary"] is None
-    assert verdict["undefined"]["primary"] == ("C.s_per_step: rung C ran with items ['P1', 'P2'], but the plan now runs ['P2'] "
-                                               "(an item was dropped after it ran): it needs a re-run")
+    assert verdict["undefined"]["primary"] == (
+        "C.s_per_step: rung C ran with items ['P1', 'P2'], but the plan now runs ['P2'] "
+        "(an item was dropped after it ran): it needs a re-run"
+    )
 
 
 def test_undefined_reads_fire_no_rule_and_say_why(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES, *rungs(A=2.0, B=1.8)))
     verdict = cli.ok_json("verdict", "mini")
     assert verdict["rule"] is None and verdict["outcome"] is None and verdict["land"] == verdict["park"] == []
-    assert verdict["undefined"] == {"primary": "C.s_per_step: rung C has not run", "vram_clean": "C.vram_peak_gib: rung C has not run"}
-    assert [t["undefined"] for t in verdict["rules"]] == ["read primary is undefined: C.s_per_step: rung C has not run"] * 2
+    assert verdict["undefined"] == {
+        "primary": "C.s_per_step: rung C has not run",
+        "vram_clean": "C.vram_peak_gib: rung C has not run",
+    }
+    assert [t["undefined"] for t in verdict["rules"]] == [
+        "read primary is undefined: C.s_per_step: rung C has not run"
+    ] * 2
     assert "outcome: none — no rule fired" in cli.ok("verdict", "mini").stdout
 
 
 def test_only_a_finished_rung_is_read_in_a_compare_ladder(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", *rungs(A=2.0, B=1.8), rung_record("C", ["P1", "P2"], s_per_step=1.0, status="failed")))
-    assert cli.ok_json("verdict", "mini")["undefined"]["primary"] == "C.s_per_step: rung C has no finished run (last: failed)"
+    cli.ok(
+        "record",
+        "mini",
+        record_file(
+            tmp_path, "r.toml", *rungs(A=2.0, B=1.8), rung_record("C", ["P1", "P2"], s_per_step=1.0, status="failed")
+        ),
+    )
+    assert (
+        cli.ok_json("verdict", "mini")["undefined"]["primary"]
+        == "C.s_per_step: rung C has no finished run (last: failed)"
+    )
 
 
-@pytest.mark.parametrize(("c_vram", "landed", "parked"), [(10.1, ["P2"], ["P1"]), (10.5, [], ["P1", "P2"])], ids=["vram clean", "vram regressed"])
-def test_a_conditional_land_lands_or_parks_on_its_condition(cli: Cli, frozen_mini: Path, tmp_path: Path, c_vram: float, landed: list, parked: list) -> None:
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES, rung_record("A", [], s_per_step=2.0, vram=10.0),
-                                         rung_record("B", ["P1"], s_per_step=1.99), rung_record("C", ["P1", "P2"], s_per_step=1.98, vram=c_vram)))
+@pytest.mark.parametrize(
+    ("c_vram", "landed", "parked"),
+    [(10.1, ["P2"], ["P1"]), (10.5, [], ["P1", "P2"])],
+    ids=["vram clean", "vram regressed"],
+)
+def test_a_conditional_land_lands_or_parks_on_its_condition(
+    cli: Cli, frozen_mini: Path, tmp_path: Path, c_vram: float, landed: list, parked: list
+) -> None:
+    cli.ok(
+        "record",
+        "mini",
+        record_file(
+            tmp_path,
+            "r.toml",
+            PASSING_ORACLES,
+            rung_record("A", [], s_per_step=2.0, vram=10.0),
+            rung_record("B", ["P1"], s_per_step=1.99),
+            rung_record("C", ["P1", "P2"], s_per_step=1.98, vram=c_vram),
+        ),
+    )
     verdict = cli.ok_json("verdict", "mini")
     assert verdict["rule"] == "R-hygiene" and verdict["outcome"] == "land-hygiene"
     assert verdict["land"] == landed and sorted(verdict["park"]) == parked
@@ -146,13 +203,22 @@ def test_a_conditional_land_lands_or_parks_on_its_condition(cli: Cli, frozen_min
 def test_the_first_rule_that_holds_decides(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", PASSING_ORACLES, *rungs(A=2.0, B=1.9, C=1.8)))
     verdict = cli.ok_json("verdict", "mini")
-    assert (verdict["rule"], verdict["outcome"], verdict["land"], verdict["park"]) == ("R-land", "land-both", ["P1", "P2"], [])
+    assert (verdict["rule"], verdict["outcome"], verdict["land"], verdict["park"]) == (
+        "R-land",
+        "land-both",
+        ["P1", "P2"],
+        [],
+    )
     assert [t["rule"] for t in verdict["rules"]] == ["R-land"]  # R-hygiene is never tried
 
 
 def test_a_landed_item_that_was_dropped_is_parked(cli: Cli, tmp_path: Path, frozen_mini: Path) -> None:
     # Only P2's rung and the baseline survive; R-land would land P1 too, which its oracle dropped.
-    cli.ok("record", "mini", record_file(tmp_path, "r.toml", P1_FAILS, *rungs(A=2.0), rung_record("C", ["P2"], s_per_step=1.8)))
+    cli.ok(
+        "record",
+        "mini",
+        record_file(tmp_path, "r.toml", P1_FAILS, *rungs(A=2.0), rung_record("C", ["P2"], s_per_step=1.8)),
+    )
     verdict = cli.ok_json("verdict", "mini")
     assert verdict["rule"] == "R-land"
     assert verdict["land"] == ["P2"] and verdict["park"] == ["P1"]
@@ -162,7 +228,10 @@ def test_expectations_are_scored_hit_miss_and_undefined(cli: Cli, frozen_mini: P
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", P2_FAILS, *rungs(A=2.0, B=1.9)))
     expectations = cli.ok_json("verdict", "mini")["expectations"]
     assert [(e["n"], e["result"]) for e in expectations] == [(1, "miss"), (2, "hit"), (3, "undefined")]
-    assert expectations[2]["why"] == "read primary is undefined: C.s_per_step: rung C was not run: equal to rung B after dropping P2"
+    assert (
+        expectations[2]["why"]
+        == "read primary is undefined: C.s_per_step: rung C was not run: equal to rung B after dropping P2"
+    )
     assert expectations[0]["why"] is None and expectations[0]["confidence"] == "high"
 
 
@@ -184,11 +253,18 @@ def test_the_verdict_is_idempotent_and_moves_with_new_data(cli: Cli, frozen_mini
     assert cli.ok_json("audit", "show", "mini")["entries"]["verdict"] == 2
 
 
-def test_windows_are_summarized_after_the_warm_up_and_a_nan_window_is_not_hidden(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_windows_are_summarized_after_the_warm_up_and_a_nan_window_is_not_hidden(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     # discard_first = 10: the step-10 window is warm-up; the median is over steps 20, 30, 40.
     windows = "".join(
         f"[[rungs.A.windows]]\nstep = {step}\ns_per_step = {s}\nloss = {loss}\nvram_peak_gib = {vram}\n"
-        for step, s, loss, vram in [(10, 9.0, 5.0, 30.0), (20, 2.0, "nan", 10.0), (30, 2.2, 4.0, 10.5), (40, 2.1, 3.5, 10.2)]
+        for step, s, loss, vram in [
+            (10, 9.0, 5.0, 30.0),
+            (20, 2.0, "nan", 10.0),
+            (30, 2.2, 4.0, 10.5),
+            (40, 2.1, 3.5, 10.2),
+        ]
     )
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", '[rungs.A]\nitems = []\nstatus = "finished"\n' + windows))
     a = view(cli.ok_json("verdict", "mini"), "A")
@@ -204,13 +280,21 @@ speeds = st.floats(min_value=1.0, max_value=3.0, allow_nan=False)
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=speeds, b=speeds, c=speeds, c_vram=st.floats(min_value=9.5, max_value=10.5))
-def test_the_verdict_applies_the_frozen_rules_mechanically(cli: Cli, mini: Path, a: float, b: float, c: float, c_vram: float) -> None:
+def test_the_verdict_applies_the_frozen_rules_mechanically(
+    cli: Cli, mini: Path, a: float, b: float, c: float, c_vram: float
+) -> None:
     """MINI's rules, computed here by hand, against what `prereg verdict` decides for any measured speeds."""
     with tempfile.TemporaryDirectory() as scratch:
         ledger = Path(scratch) / "ledger.db"
         cli("freeze", mini, "--ledger", ledger)
-        recorded = record_file(Path(scratch), "r.toml", PASSING_ORACLES, rung_record("A", [], s_per_step=a, vram=10.0),
-                               rung_record("B", ["P1"], s_per_step=b), rung_record("C", ["P1", "P2"], s_per_step=c, vram=c_vram))
+        recorded = record_file(
+            Path(scratch),
+            "r.toml",
+            PASSING_ORACLES,
+            rung_record("A", [], s_per_step=a, vram=10.0),
+            rung_record("B", ["P1"], s_per_step=b),
+            rung_record("C", ["P1", "P2"], s_per_step=c, vram=c_vram),
+        )
         assert cli("record", "mini", recorded, "--ledger", ledger).exit_code == 0
         verdict = cli("verdict", "mini", "--ledger", ledger, "--json").json()
 
@@ -221,30 +305,49 @@ def test_the_verdict_applies_the_frozen_rules_mechanically(cli: Cli, mini: Path,
         expected = ("R-hygiene", ["P2"] if vram_clean else [], ["P1"] if vram_clean else ["P1", "P2"])
     assert (verdict["rule"], verdict["land"], sorted(verdict["park"])) == expected
     assert verdict["reads"]["primary"] == primary and verdict["reads"]["vram_clean"] is vram_clean
-    assert [e["result"] for e in verdict["expectations"]] == ["hit", "hit" if (a - b) / a >= 0.04 else "miss", "hit" if primary >= 0.05 else "miss"]
+    assert [e["result"] for e in verdict["expectations"]] == [
+        "hit",
+        "hit" if (a - b) / a >= 0.04 else "miss",
+        "hit" if primary >= 0.05 else "miss",
+    ]
 
 
 def test_not_killed_is_known_only_once_the_watched_rungs_have_run(cli: Cli, tmp_path: Path) -> None:
     # Expectation 4 of the S-bundle: passed("P1b") and not killed("K-cudnn"); K-cudnn watches rungs B and C.
     cli.ok("freeze", PERF_PASS1)
-    cli.ok("record", "molmo2-perf-pass1", record_file(tmp_path, "gate.toml", "[oracles.P1b]\nmax_abs_diff = 0.01\nband = 0.03\nfinite = true\n"))
+    cli.ok(
+        "record",
+        "molmo2-perf-pass1",
+        record_file(tmp_path, "gate.toml", "[oracles.P1b]\nmax_abs_diff = 0.01\nband = 0.03\nfinite = true\n"),
+    )
     fourth = cli.ok_json("verdict", "molmo2-perf-pass1")["expectations"][4]
     assert (fourth["n"], fourth["result"]) == (4, "undefined")
     assert fourth["why"] == """killed("K-cudnn"): not known yet: rung(s) ['B', 'C'] it watches have not run"""
     bundle = ["P1", "P2", "P3a", "P3b", "P3c", "P4"]
-    cli.ok("record", "molmo2-perf-pass1", record_file(tmp_path, "ladder.toml", rung_record("B", ["P1"], s_per_step=2.1),
-                                                      rung_record("C", bundle, s_per_step=2.0)))
+    cli.ok(
+        "record",
+        "molmo2-perf-pass1",
+        record_file(
+            tmp_path, "ladder.toml", rung_record("B", ["P1"], s_per_step=2.1), rung_record("C", bundle, s_per_step=2.0)
+        ),
+    )
     assert cli.ok_json("verdict", "molmo2-perf-pass1")["expectations"][4]["result"] == "hit"
 
 
-def test_a_later_passing_result_of_a_failed_oracle_does_not_undrop_its_item(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
+def test_a_later_passing_result_of_a_failed_oracle_does_not_undrop_its_item(
+    cli: Cli, frozen_mini: Path, tmp_path: Path
+) -> None:
     # `prereg record` refuses a second observation; an entry appended by any other writer must not un-drop either.
     from prereg.ledger import Ledger
 
     cli.ok("record", "mini", record_file(tmp_path, "r.toml", P1_FAILS))
     with Ledger.open(str(cli.ledger), create=False) as ledger:
         first = next(ledger.entries(reg_id="mini", kinds=("oracle",)))
-        ledger.append("oracle", "mini", {**first.data, "observed": {"loss_abs": 1e-4, "grad_norm_rel": 1e-3}, "passed": True, "reason": "re-run"})
+        ledger.append(
+            "oracle",
+            "mini",
+            {**first.data, "observed": {"loss_abs": 1e-4, "grad_norm_rel": 1e-3}, "passed": True, "reason": "re-run"},
+        )
     dropped = cli.ok_json("verdict", "mini")["dropped"]
     assert set(dropped) == {"P1"} and dropped["P1"]["observed"]["loss_abs"] == 8.7e-3
 

@@ -3,7 +3,7 @@ workload declares"). Extend these lists; never rename an entry — frozen regist
 
 from __future__ import annotations
 
-from engine.molmo2.execution import ATTENTION_KERNELS, PACK_ATTENTION
+from engine.molmo2.attention.execution import ATTENTION_KERNELS, PACK_ATTENTION
 from prereg.workload import ConfigKey, Metric, Probe, Profile, WorkloadDeclaration
 
 SWITCHES = {
@@ -84,22 +84,44 @@ METRICS = {
         _m("steps", "steps", "last", "steps completed", relative_ok=False),
         _m("load_s", "s", "last", "model load time of the rung process"),
         _m("gpu_s", "GPU-s", "last", "device-seconds held by the rung: wall time from start to end x devices"),
-        _m("probe_chunk_mae", "action units", "last", "greedy-decoded action chunk MAE on held-out episodes", True, paired=True),
-        _m("probe_first_mae", "action units", "last", "greedy-decoded first-action MAE on held-out episodes", True, paired=True),
+        _m(
+            "probe_chunk_mae",
+            "action units",
+            "last",
+            "greedy-decoded action chunk MAE on held-out episodes",
+            True,
+            paired=True,
+        ),
+        _m(
+            "probe_first_mae",
+            "action units",
+            "last",
+            "greedy-decoded first-action MAE on held-out episodes",
+            True,
+            paired=True,
+        ),
         _m("world_size", "ranks", "last", "processes in the rung", relative_ok=False),
         # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
         _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True, paired=True),
         _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True, paired=True),
         _m("state_copy_chunk_mae", "action units", "last", "state-copy fallback rows, chunk MAE", True, paired=True),
-        _m("state_copy_first_mae", "action units", "last", "state-copy fallback rows, first-action MAE", True, paired=True),
+        _m(
+            "state_copy_first_mae",
+            "action units",
+            "last",
+            "state-copy fallback rows, first-action MAE",
+            True,
+            paired=True,
+        ),
     ]
 }
 
 PROFILES = {
     "cpu-tiny": Profile("cpu-tiny", "cpu", 0, "tiny", "the tiny geometry on the CPU: seconds per step on two cores"),
     # The multi-process path in CI: two gloo ranks under torchrun, one CPU core each.
-    "cpu-tiny-x2": Profile("cpu-tiny-x2", "cpu", 0, "tiny", "the tiny geometry on two CPU processes (gloo) under torchrun",
-                           processes=2),
+    "cpu-tiny-x2": Profile(
+        "cpu-tiny-x2", "cpu", 0, "tiny", "the tiny geometry on two CPU processes (gloo) under torchrun", processes=2
+    ),
     "h200-4b": Profile("h200-4b", "cuda", 1, "4b", "the real Molmo2-4B geometry on one H200, bf16 autocast"),
     "h200x2-4b": Profile("h200x2-4b", "cuda", 2, "4b", "Molmo2-4B on two H200s of one host, under torchrun"),
     # The seeds' box: four H100s under DDP. The engine does not drive it; its results enter by `prereg record`.
@@ -126,19 +148,53 @@ CONFIG_KEYS = {
         ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
         ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
         ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
-        ConfigKey("compile_dynamic", bool, "with compile: Dynamo's automatic dynamic shapes instead of one graph per shape"),
-        ConfigKey("bucket_by_length", bool, "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
-                  regroups_samples=True),
-        ConfigKey("chunk_by_cameras", bool, "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)"),
-        ConfigKey("pack", bool, "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)"),
-        ConfigKey("pack_attention", str, "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA)",
-                  allowed=PACK_ATTENTION),
-        ConfigKey("pack_one_pass", bool, "with pack: the packed prefix and suffix rows joined through every block but the last (one matmul per weight a layer)"),
-        ConfigKey("pack_multiple", int, "with pack: each packed row's length rounded up to this multiple (default 16 compiled, 1 eager); 128 gives FlexAttention whole tiles"),
-        ConfigKey("prefix_attention", str, "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
-                  allowed=ATTENTION_KERNELS),
-        ConfigKey("suffix_attention", str, "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
-                  allowed=ATTENTION_KERNELS),
+        ConfigKey(
+            "compile_dynamic", bool, "with compile: Dynamo's automatic dynamic shapes instead of one graph per shape"
+        ),
+        ConfigKey(
+            "bucket_by_length",
+            bool,
+            "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
+            regroups_samples=True,
+        ),
+        ConfigKey(
+            "chunk_by_cameras",
+            bool,
+            "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)",
+        ),
+        ConfigKey(
+            "pack",
+            bool,
+            "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)",
+        ),
+        ConfigKey(
+            "pack_attention",
+            str,
+            "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA)",
+            allowed=PACK_ATTENTION,
+        ),
+        ConfigKey(
+            "pack_one_pass",
+            bool,
+            "with pack: the packed prefix and suffix rows joined through every block but the last (one matmul per weight a layer)",
+        ),
+        ConfigKey(
+            "pack_multiple",
+            int,
+            "with pack: each packed row's length rounded up to this multiple (default 16 compiled, 1 eager); 128 gives FlexAttention whole tiles",
+        ),
+        ConfigKey(
+            "prefix_attention",
+            str,
+            "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
+            allowed=ATTENTION_KERNELS,
+        ),
+        ConfigKey(
+            "suffix_attention",
+            str,
+            "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
+            allowed=ATTENTION_KERNELS,
+        ),
         ConfigKey("fps", int, "action frames per second"),
     ]
 }
@@ -150,5 +206,5 @@ DECLARATION = WorkloadDeclaration(
     metrics=METRICS,
     profiles=PROFILES,
     config_keys=CONFIG_KEYS,
-    runner="engine.molmo2.workload:Molmo2Runner",
+    runner="engine.molmo2.runner:Molmo2Runner",
 )

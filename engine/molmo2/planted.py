@@ -19,27 +19,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch", required=True)
     args = parser.parse_args(argv)
 
-    from engine.molmo2.ar import ar_forward
-    from engine.molmo2.collate import Collator, make_fast_tokenizer
-    from engine.molmo2.config import Molmo2Config
-    from engine.molmo2.model import Molmo2Model, init_weights
-    from engine.molmo2.processor import ImageGeometry
-    from engine.molmo2.prompt import ByteTokenizer, TokenLayout
-    from engine.molmo2.rig import RigDataset
+    from engine.molmo2.data.collate import Collator, make_fast_tokenizer
+    from engine.molmo2.data.processor import ImageGeometry
+    from engine.molmo2.data.prompt import ByteTokenizer, TokenLayout
+    from engine.molmo2.data.rig import RigDataset
+    from engine.molmo2.model.ar import ar_forward
+    from engine.molmo2.model.config import Molmo2Config
+    from engine.molmo2.model.model import Molmo2Model, init_weights
     from engine.molmo2.switches import Switches
 
     device = torch.device(args.device)
     config = Molmo2Config.named("tiny")
     t = config.text
     layout = TokenLayout.for_tiny(t.vocab_size, t.additional_vocab_size, config.fast_vocab_size)
-    collator = Collator(layout, make_fast_tokenizer(0, 200, scale=2.0, vocab_size=config.fast_vocab_size),
-                        ByteTokenizer.for_layout(layout), ImageGeometry.for_tiny(), 1)
+    collator = Collator(
+        layout,
+        make_fast_tokenizer(0, 200, scale=2.0, vocab_size=config.fast_vocab_size),
+        ByteTokenizer.for_layout(layout),
+        ImageGeometry.for_tiny(),
+        1,
+    )
     batch = collator([RigDataset(0, 2).sample(i) for i in range(2)])
     ids = batch.prefix.input_ids.clone()
     first_patch = int((ids == config.image_patch_id).nonzero()[0, 1])
     ids[0, first_patch] = layout.end_id  # one <im_patch> fewer than the images have features
     planted = type(batch.prefix)(**{**vars(batch.prefix), "input_ids": ids})
-    batch = type(batch)(prefix=planted, suffix=batch.suffix, actions=batch.actions, n_cameras=batch.n_cameras).to(device)
+    batch = type(batch)(prefix=planted, suffix=batch.suffix, actions=batch.actions, n_cameras=batch.n_cameras).to(
+        device
+    )
     model = Molmo2Model(config, Switches.from_names([args.switch])).to(device)
     init_weights(model, 0)
     logits = ar_forward(model, batch)

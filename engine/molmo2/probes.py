@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.molmo2.ar import ar_forward, ar_loss_sums, ar_losses
+from engine.molmo2.model.ar import ar_forward, ar_loss_sums, ar_losses
 from engine.molmo2.switches import HEAD, Switches
 
 if TYPE_CHECKING:
-    from engine.molmo2.workload import Molmo2Runner
+    from engine.molmo2.runner import Molmo2Runner
 
 
 def _rel(a: float, b: float) -> float:
@@ -50,11 +50,15 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
     if switch == "suffix_cudnn":
         return cudnn_unavailable(runner)
     if switch == "vit_bf16_attention" and runner.device.type != "cuda":
-        return (f"X1 changes the ViT's attention dtype only under CUDA bf16 autocast; profile {runner.profile.name} "
-                "trains in fp32 on the CPU, where X1 switches nothing")
+        return (
+            f"X1 changes the ViT's attention dtype only under CUDA bf16 autocast; profile {runner.profile.name} "
+            "trains in fp32 on the CPU, where X1 switches nothing"
+        )
     if switch == "clip_in_adamw" and runner.device.type != "cuda":
-        return (f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
-                f"{runner.profile.name} trains on the CPU with the unfused AdamW, which has no grad_scale")
+        return (
+            f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
+            f"{runner.profile.name} trains on the CPU with the unfused AdamW, which has no grad_scale"
+        )
     return None
 
 
@@ -84,9 +88,17 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
     names = sorted(da)
     mismatched = [n for n in names if da[n] != db.get(n)]
     return {
-        "loss_abs": abs(la - lb), "loss_rel": _rel(la, lb), "grad_norm_abs": abs(ga - gb), "grad_norm_rel": _rel(ga, gb),
-        "loss_a": la, "loss_b": lb, "grad_norm_a": ga, "grad_norm_b": gb,
-        "equal": len(names) - len(mismatched), "total": len(names), "first_mismatch": mismatched[0] if mismatched else None,
+        "loss_abs": abs(la - lb),
+        "loss_rel": _rel(la, lb),
+        "grad_norm_abs": abs(ga - gb),
+        "grad_norm_rel": _rel(ga, gb),
+        "loss_a": la,
+        "loss_b": lb,
+        "grad_norm_a": ga,
+        "grad_norm_b": gb,
+        "equal": len(names) - len(mismatched),
+        "total": len(names),
+        "first_mismatch": mismatched[0] if mismatched else None,
         "finite": all(math.isfinite(v) for v in (la, lb, ga, gb)),
     }
 
@@ -104,8 +116,15 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
     finite = all(math.isfinite(v) for v in a + b)
     band = max(abs(a[i] - a[i - 1]) for i in range(1, len(a))) if len(a) > 1 else 0.0
     first_bad = next((i + 1 for i, v in enumerate(b) if not math.isfinite(v)), None)
-    return {"curve_a": a, "curve_b": b, "max_abs_diff": max(abs(x - y) for x, y in zip(a, b)) if finite else float("nan"),
-            "band": band, "finite": finite, "first_bad_step": first_bad, "steps": steps}
+    return {
+        "curve_a": a,
+        "curve_b": b,
+        "max_abs_diff": max(abs(x - y) for x, y in zip(a, b)) if finite else float("nan"),
+        "band": band,
+        "finite": finite,
+        "first_bad_step": first_bad,
+        "steps": steps,
+    }
 
 
 def decode_bytes(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +146,9 @@ def planted_mismatch(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]
     tail = (result.stderr or result.stdout).strip().splitlines()
     if result.returncode == 0:
         return {"raised": False, "message": "the forward completed on a mismatched batch"}
-    message = next((line for line in reversed(tail) if "Error" in line or "assert" in line.lower()), tail[-1] if tail else "")
+    message = next(
+        (line for line in reversed(tail) if "Error" in line or "assert" in line.lower()), tail[-1] if tail else ""
+    )
     return {"raised": True, "message": message[:500], "returncode": result.returncode}
 
 
@@ -168,8 +189,14 @@ def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) 
     runner.model.switches = HEAD
     mean_keys = ("loss", "action_loss", "aux_loss")
     mismatched = [k for k in mean_keys if not torch.equal(mean_head[k], mean_item[k])]
-    return {"sum_rel": sum_rel, "sum_abs": sum_abs, "mean_abs": max(abs(float(mean_head[k] - mean_item[k])) for k in mean_keys),
-            "equal": len(mean_keys) - len(mismatched), "total": len(mean_keys), "first_mismatch": mismatched[0] if mismatched else None}
+    return {
+        "sum_rel": sum_rel,
+        "sum_abs": sum_abs,
+        "mean_abs": max(abs(float(mean_head[k] - mean_item[k])) for k in mean_keys),
+        "equal": len(mean_keys) - len(mismatched),
+        "total": len(mean_keys),
+        "first_mismatch": mismatched[0] if mismatched else None,
+    }
 
 
 def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +209,9 @@ def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
     violations = []
     for index, window in enumerate(windows):
         if all(f in window for f in required) and window["vram_peak_gib"] < window["vram_window_peak_gib"]:
-            violations.append(f"window {index}: lifetime {window['vram_peak_gib']} < window {window['vram_window_peak_gib']}")
+            violations.append(
+                f"window {index}: lifetime {window['vram_peak_gib']} < window {window['vram_window_peak_gib']}"
+            )
         if index and window.get("vram_peak_gib", 0) < windows[index - 1].get("vram_peak_gib", 0):
             violations.append(f"window {index}: lifetime decreased")
     return {"missing": missing, "violations": violations, "windows": [{f: w.get(f) for f in required} for w in windows]}
@@ -191,7 +220,7 @@ def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
 def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """A fixed micro-batch forward + backward, HEAD vs item: the logits, the loss and every parameter gradient,
     bitwise. An autograd version-counter error (an in-place add on a tensor backward needs) surfaces here."""
-    from engine.molmo2.train import autocast
+    from engine.molmo2.train.step import autocast
 
     chunk = runner.probe_step.chunks[0]
     captured = []
@@ -203,12 +232,18 @@ def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any])
         loss = ar_losses(logits.float(), chunk.suffix)["loss"]
         loss.backward()
         tensors = {"logits": logits.detach(), "loss": loss.detach()}
-        tensors.update({f"grad:{n}": p.grad.detach().clone() for n, p in runner.model.named_parameters() if p.grad is not None})
+        tensors.update(
+            {f"grad:{n}": p.grad.detach().clone() for n, p in runner.model.named_parameters() if p.grad is not None}
+        )
         captured.append(tensors)
     a, b = captured
     names = sorted(set(a) | set(b))
     mismatched = [n for n in names if n not in a or n not in b or not torch.equal(a[n], b[n])]
-    return {"equal": len(names) - len(mismatched), "total": len(names), "first_mismatch": mismatched[0] if mismatched else None}
+    return {
+        "equal": len(names) - len(mismatched),
+        "total": len(names),
+        "first_mismatch": mismatched[0] if mismatched else None,
+    }
 
 
 def memory_peak(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:

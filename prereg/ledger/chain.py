@@ -36,8 +36,4 @@ def link(prev_head: str, body: bytes) -> str:
 
 def is_head(value: object) -> bool:
     """Whether `value` has the form of a head: 64 lowercase hex digits."""
-    return (
-        isinstance(value, str)
-        and len(value) == HEAD_HEX_LEN
-        and all(c in "0123456789abcdef" for c in value)
-    )
+    return isinstance(value, str) and len(value) == HEAD_HEX_LEN and all(c in "0123456789abcdef" for c in value)

@@ -74,9 +74,7 @@ def explain_disagreement(body: str, seq: int, kind: str, reg_id: str | None, ref
     return "the body is not the canonical JSON of its envelope"
 
 
-def projection_mismatch(
-    envelope: Any, seq: int, kind: str, reg_id: str | None, ref: str | None, ts: str
-) -> str | None:
+def projection_mismatch(envelope: Any, seq: int, kind: str, reg_id: str | None, ref: str | None, ts: str) -> str | None:
     """Why the stored columns disagree with the parsed body, or None when they agree."""
     if not isinstance(envelope, dict) or envelope.keys() != ENVELOPE_KEYS:
         keys = sorted(envelope) if isinstance(envelope, dict) else type(envelope).__name__

@@ -74,8 +74,16 @@ def read_rows(name: str, src: IO[str]) -> Iterator[list[dict[str, Any]]]:
         if reason is not None:
             raise LedgerCorrupt(f"line {line_number}: seq {expected}: {reason}", first_bad=expected)
         batch.append(
-            {"seq": row[0], "kind": row[1], "reg_id": row[2], "ref": row[3], "ts": row[4],
-             "body": body, "prev_head": prev_head, "head": head}
+            {
+                "seq": row[0],
+                "kind": row[1],
+                "reg_id": row[2],
+                "ref": row[3],
+                "ts": row[4],
+                "body": body,
+                "prev_head": prev_head,
+                "head": head,
+            }
         )
         if len(batch) >= IMPORT_BATCH:
             yield batch

@@ -12,4 +12,15 @@ from prereg.rules.parse import MAX_DEPTH, MAX_LENGTH, compile_expr
 from prereg.rules.scope import Scope
 from prereg.rules.values import Undefined, Value
 
-__all__ = ["Env", "Expr", "MAX_DEPTH", "MAX_LENGTH", "MapEnv", "RuleError", "Scope", "Undefined", "Value", "compile_expr"]
+__all__ = [
+    "Env",
+    "Expr",
+    "MAX_DEPTH",
+    "MAX_LENGTH",
+    "MapEnv",
+    "RuleError",
+    "Scope",
+    "Undefined",
+    "Value",
+    "compile_expr",
+]

@@ -34,5 +34,7 @@ class Expr:
         value = self.root.evaluate(env)
         if self.scope_kind in CONDITION_KINDS and not isinstance(value, (bool, Undefined)):
             # A read the compiler could not type (a number where a condition was due) surfaces here.
-            return Undefined(f"{KIND_NOUNS[self.scope_kind]} must be True or False; {self.text!r} gave {describe(value)}")
+            return Undefined(
+                f"{KIND_NOUNS[self.scope_kind]} must be True or False; {self.text!r} gave {describe(value)}"
+            )
         return value

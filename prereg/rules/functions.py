@@ -71,8 +71,12 @@ def _kleene(decisive: bool) -> Callable[[list[Value]], Value]:
     return apply
 
 
-def _aggregate(name: str, what: str, operand: StaticType, returns: StaticType, apply, *, strict: bool = True) -> PureFunction:
-    return PureFunction(name, f"{name}(x, y, ...) or {name}(last(m, n)): {what}", 1, None, operand, returns, True, strict, apply)
+def _aggregate(
+    name: str, what: str, operand: StaticType, returns: StaticType, apply, *, strict: bool = True
+) -> PureFunction:
+    return PureFunction(
+        name, f"{name}(x, y, ...) or {name}(last(m, n)): {what}", 1, None, operand, returns, True, strict, apply
+    )
 
 
 PURE_FUNCTIONS: dict[str, PureFunction] = {
@@ -87,11 +91,18 @@ PURE_FUNCTIONS: dict[str, PureFunction] = {
         _aggregate("all", "True when every one is True", "boolean", "boolean", _kleene(False), strict=False),
         _aggregate("any", "True when one is True", "boolean", "boolean", _kleene(True), strict=False),
         _aggregate("count", "how many are True", "boolean", "number", lambda v: sum(1 for x in v if x is True)),
-        PureFunction("finite", "finite(x): False for NaN and infinities", 1, 1, "number", "boolean", False, True, _finite),
+        PureFunction(
+            "finite", "finite(x): False for NaN and infinities", 1, 1, "number", "boolean", False, True, _finite
+        ),
         PureFunction(
             "defined",
             "defined(x): False when x is undefined; the only function that is never undefined",
-            1, 1, "any", "boolean", False, False,
+            1,
+            1,
+            "any",
+            "boolean",
+            False,
+            False,
             lambda v: not isinstance(v[0], Undefined),
         ),
     )
@@ -109,8 +120,14 @@ CONTEXT_FUNCTIONS: dict[str, ContextFunction] = {
     f.name: f
     for f in (
         ContextFunction("all_oracles_passed", "all_oracles_passed(): every oracle of every item passed", ()),
-        ContextFunction("passed", 'passed("P1a"): that oracle passed; passed("P1"): every oracle of item P1 passed', ("oracles", "items")),
-        ContextFunction("killed", 'killed("K1"): that kill line fired; killed("C"): rung C was killed', ("kills", "rungs")),
+        ContextFunction(
+            "passed",
+            'passed("P1a"): that oracle passed; passed("P1"): every oracle of item P1 passed',
+            ("oracles", "items"),
+        ),
+        ContextFunction(
+            "killed", 'killed("K1"): that kill line fired; killed("C"): rung C was killed', ("kills", "rungs")
+        ),
         ContextFunction("dropped", 'dropped("P1"): item P1 was dropped', ("items",)),
     )
 }
@@ -128,7 +145,10 @@ def _at_step(metric: str, history: History, step: int | float) -> Value:
         if window_step == step:
             return value
     ends = ", ".join(str(s) for s, _ in history[-5:])
-    return Undefined(f"no {metric} window ended at step {_step_text(step)}" + (f" (latest windows end at {ends})" if ends else " (no window yet)"))
+    return Undefined(
+        f"no {metric} window ended at step {_step_text(step)}"
+        + (f" (latest windows end at {ends})" if ends else " (no window yet)")
+    )
 
 
 def _last(metric: str, history: History, n: int | float) -> Value:
@@ -136,7 +156,7 @@ def _last(metric: str, history: History, n: int | float) -> Value:
         return Undefined(f"the count must be a whole number >= 1, got {n!r}")
     if len(history) < n:
         return Undefined(f"only {len(history)} {metric} window(s) so far, {int(n)} needed")
-    return [value for _, value in history[-int(n):]]
+    return [value for _, value in history[-int(n) :]]
 
 
 def _since(pick: Callable[[list], Value]) -> Callable[[str, History, int | float], Value]:
@@ -165,12 +185,33 @@ HISTORY_FUNCTIONS: dict[str, HistoryFunction] = {
     f.name: f
     for f in (
         # at_step is "any": a series may be boolean (finite), and at_step(finite, 500) is a boolean.
-        HistoryFunction("at_step", "at_step(metric, s): the metric's value in the window that ended at step s", "any", _at_step),
-        HistoryFunction("last", "last(metric, n): the metric's last n window values, for min/max/mean/median/sum/all/any/count", "list", _last),
-        HistoryFunction("min_since", "min_since(metric, s): the smallest value in windows ending at or after step s", "number", _since(min)),
-        HistoryFunction("max_since", "max_since(metric, s): the largest value in windows ending at or after step s", "number", _since(max)),
+        HistoryFunction(
+            "at_step", "at_step(metric, s): the metric's value in the window that ended at step s", "any", _at_step
+        ),
+        HistoryFunction(
+            "last",
+            "last(metric, n): the metric's last n window values, for min/max/mean/median/sum/all/any/count",
+            "list",
+            _last,
+        ),
+        HistoryFunction(
+            "min_since",
+            "min_since(metric, s): the smallest value in windows ending at or after step s",
+            "number",
+            _since(min),
+        ),
+        HistoryFunction(
+            "max_since",
+            "max_since(metric, s): the largest value in windows ending at or after step s",
+            "number",
+            _since(max),
+        ),
     )
 }
 
 # A function's name is one namespace across the three families.
-assert not (PURE_FUNCTIONS.keys() & CONTEXT_FUNCTIONS.keys() or PURE_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys() or CONTEXT_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys())
+assert not (
+    PURE_FUNCTIONS.keys() & CONTEXT_FUNCTIONS.keys()
+    or PURE_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys()
+    or CONTEXT_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys()
+)

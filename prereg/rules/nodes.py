@@ -127,7 +127,9 @@ class BoolOp(Node):
             if value is deciding:
                 return deciding  # later operands are not evaluated: a read is computed only if needed
             if value is not (not deciding) and first_undefined is None:
-                first_undefined = value if isinstance(value, Undefined) else _needs_boolean(operand.source, self.op, value)
+                first_undefined = (
+                    value if isinstance(value, Undefined) else _needs_boolean(operand.source, self.op, value)
+                )
         return (not deciding) if first_undefined is None else first_undefined
 
     def children(self) -> tuple[Node, ...]:
@@ -188,7 +190,12 @@ class Arithmetic(Node):
         return (self.left, self.right)
 
 
-_ORDERINGS: dict[str, Callable[[float, float], bool]] = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_ORDERINGS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 _EQUALITIES: dict[str, Callable[[object, object], bool]] = {"==": operator.eq, "!=": operator.ne}
 
 
@@ -292,7 +299,9 @@ class HistoryCall(Node):
         history = [(step, admit(value, f"Env.history({self.metric!r})")) for step, value in env.history(self.metric)]
         steps = [step for step, _ in history]
         if steps != sorted(set(steps)) or not all(isinstance(v, (bool, int, float)) for _, v in history):
-            raise ValueError(f"Env.history({self.metric!r}) must be (step, value) pairs, oldest first, one per step; got steps {steps}")
+            raise ValueError(
+                f"Env.history({self.metric!r}) must be (step, value) pairs, oldest first, one per step; got steps {steps}"
+            )
         return _located(self.source, self.function.apply(self.metric, history, argument))
 
     def children(self) -> tuple[Node, ...]:

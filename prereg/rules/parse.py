@@ -114,11 +114,15 @@ class _Compiler:
 
     def _operator_column(self, left: ast.AST, right: ast.AST, symbol: str) -> int:
         # The AST keeps no position for an operator; it is the first occurrence of its symbol between operands.
-        found = self.body.find(symbol, self._index(left.end_lineno, left.end_col_offset), self._index(right.lineno, right.col_offset))
+        found = self.body.find(
+            symbol, self._index(left.end_lineno, left.end_col_offset), self._index(right.lineno, right.col_offset)
+        )
         assert found >= 0, (symbol, self.body)
         return self.offset + found + 1
 
-    def _refuse(self, problem: str, *, node: ast.AST | None = None, column: int | None = None, allowed: str | None = None) -> RuleError:
+    def _refuse(
+        self, problem: str, *, node: ast.AST | None = None, column: int | None = None, allowed: str | None = None
+    ) -> RuleError:
         if node is not None:
             column = self._column(node)
         return RuleError(self.text, problem, column=column, allowed=allowed)
@@ -133,11 +137,17 @@ class _Compiler:
         root, static = self._expr(tree.body)
         kind = self.scope.kind
         if static == "list":
-            raise self._refuse("last(...) gives a list, which is not a value on its own", node=tree.body,
-                               allowed="use it as the only argument of min, max, mean, median, sum, all, any or count")
+            raise self._refuse(
+                "last(...) gives a list, which is not a value on its own",
+                node=tree.body,
+                allowed="use it as the only argument of min, max, mean, median, sum, all, any or count",
+            )
         if kind in CONDITION_KINDS and static not in ("boolean", "any"):
-            raise self._refuse(f"{KIND_NOUNS[kind]} must be a condition (True or False), and this is a {static}", node=tree.body,
-                               allowed="compare it, e.g. x >= 0.05")
+            raise self._refuse(
+                f"{KIND_NOUNS[kind]} must be a condition (True or False), and this is a {static}",
+                node=tree.body,
+                allowed="compare it, e.g. x >= 0.05",
+            )
         return Expr(text=self.text, scope_kind=kind, root=root)
 
     def _parse(self) -> ast.Expression:
@@ -151,7 +161,9 @@ class _Compiler:
                 column = None
                 if error.lineno and error.offset and error.lineno <= len(self.line_starts):
                     column = self.offset + self.line_starts[error.lineno - 1] + error.offset
-                raise RuleError(self.text, f"not a valid expression ({error.msg})", column=column, allowed=ALLOWED_SYNTAX) from None
+                raise RuleError(
+                    self.text, f"not a valid expression ({error.msg})", column=column, allowed=ALLOWED_SYNTAX
+                ) from None
 
     def _check_depth(self, tree: ast.Expression) -> None:
         # Iterative on purpose: the tree may be hundreds deep (`- - - ... 1`) and is measured before any
@@ -204,9 +216,17 @@ class _Compiler:
         if isinstance(value, str):
             return Constant(value, source), "string"
         if value is None:
-            raise self._refuse("None is not a value here", node=node, allowed="a missing measurement is undefined: test it with defined(x)")
+            raise self._refuse(
+                "None is not a value here",
+                node=node,
+                allowed="a missing measurement is undefined: test it with defined(x)",
+            )
         what = {complex: "a complex number", bytes: "a bytes literal"}.get(type(value), repr(value))
-        raise self._refuse(f"{what} is not allowed", node=node, allowed="constants are int and float numbers, True, False and 'strings'")
+        raise self._refuse(
+            f"{what} is not allowed",
+            node=node,
+            allowed="constants are int and float numbers, True, False and 'strings'",
+        )
 
     def _spelled(self, node: ast.AST, written: str, expected: str) -> None:
         # Python folds look-alike identifiers (NFKC: 'ﬁnite' is 'finite') and allows `A . x`; a frozen rule
@@ -259,23 +279,31 @@ class _Compiler:
         if not isinstance(node.value, ast.Name):
             raise self._refuse(
                 f"attribute access '.{node.attr}' on {self._segment(node.value)!r} is not allowed",
-                node=node, allowed="a dotted name is exactly RUNG.metric, one dot, a rung's measurement",
+                node=node,
+                allowed="a dotted name is exactly RUNG.metric, one dot, a rung's measurement",
             )
         rung, metric = node.value.id, node.attr
         self._spelled(node, self._segment(node), f"{rung}.{metric}")
         if rung == "PASS" and scope.kind == "pass_rule":
-            raise self._refuse("PASS is not available in a pass rule: it names the rung that passed, which is what the pass rule decides", node=node)
+            raise self._refuse(
+                "PASS is not available in a pass rule: it names the rung that passed, which is what the pass rule decides",
+                node=node,
+            )
         if rung not in scope.rungs:
             other_name = rung in {*self._functions_here(), *scope.reads, *scope.metrics, "step"}
             raise self._refuse(
-                f"attribute access '.{metric}' on {rung!r} is not allowed: {rung!r} is not a rung" if other_name
+                f"attribute access '.{metric}' on {rung!r} is not allowed: {rung!r} is not a rung"
+                if other_name
                 else f"rung {rung!r} does not exist" + _suggestion(rung, scope.rungs),
                 node=node,
                 allowed=f"rungs are {_listing(scope.rungs)} (a dotted name is RUNG.metric, never Python attribute access)",
             )
         if metric not in scope.metrics:
-            raise self._refuse(f"rung {rung} has no metric {metric!r}" + _suggestion(metric, scope.metrics), node=node,
-                               allowed=f"metrics are {_listing(scope.metrics)}")
+            raise self._refuse(
+                f"rung {rung} has no metric {metric!r}" + _suggestion(metric, scope.metrics),
+                node=node,
+                allowed=f"metrics are {_listing(scope.metrics)}",
+            )
         return RungMetricRef(rung, metric, f"{rung}.{metric}"), "any"
 
     def _unary(self, node: ast.UnaryOp) -> tuple[Node, StaticType]:
@@ -291,8 +319,11 @@ class _Compiler:
     def _binary(self, node: ast.BinOp) -> tuple[Node, StaticType]:
         if type(node.op) in _REFUSED_BINARY:
             symbol, what = _REFUSED_BINARY[type(node.op)]
-            raise self._refuse(f"'{symbol}' ({what}) is not allowed", column=self._operator_column(node.left, node.right, symbol),
-                               allowed=ALLOWED_OPERATORS)
+            raise self._refuse(
+                f"'{symbol}' ({what}) is not allowed",
+                column=self._operator_column(node.left, node.right, symbol),
+                allowed=ALLOWED_OPERATORS,
+            )
         symbol = _BINARY[type(node.op)]
         left, left_type = self._expr(node.left)
         right, right_type = self._expr(node.right)
@@ -314,8 +345,11 @@ class _Compiler:
         for op, left, right in zip(node.ops, sides, sides[1:]):
             if type(op) in _REFUSED_COMPARISONS:
                 symbol = _REFUSED_COMPARISONS[type(op)]
-                raise self._refuse(f"'{symbol}' is not allowed", column=self._operator_column(left, right, symbol.split()[0]),
-                                   allowed=ALLOWED_OPERATORS)
+                raise self._refuse(
+                    f"'{symbol}' is not allowed",
+                    column=self._operator_column(left, right, symbol.split()[0]),
+                    allowed=ALLOWED_OPERATORS,
+                )
         compiled = [self._expr(side) for side in sides]
         ops = [_COMPARISONS[type(op)] for op in node.ops]
         for index, op in enumerate(ops):
@@ -326,8 +360,10 @@ class _Compiler:
                     if static == "list":
                         raise self._refuse(f"{self._segment(side)!r} is a list, which cannot be compared", node=side)
                 if "any" not in (left_type, right_type) and left_type != right_type:
-                    raise self._refuse(f"'{op}' compares a {left_type} with a {right_type}, which is never equal",
-                                       column=self._operator_column(left_ast, right_ast, op))
+                    raise self._refuse(
+                        f"'{op}' compares a {left_type} with a {right_type}, which is never equal",
+                        column=self._operator_column(left_ast, right_ast, op),
+                    )
             else:
                 self._expect(left_ast, left_type, "number", f"'{op}'")
                 self._expect(right_ast, right_type, "number", f"'{op}'")
@@ -349,26 +385,42 @@ class _Compiler:
 
     def _call(self, node: ast.Call) -> tuple[Node, StaticType]:
         if not isinstance(node.func, ast.Name):
-            raise self._refuse(f"only a function's name can be called, and this calls {self._segment(node.func)!r}", node=node,
-                               allowed=f"functions are {', '.join(self._functions_here())}")
+            raise self._refuse(
+                f"only a function's name can be called, and this calls {self._segment(node.func)!r}",
+                node=node,
+                allowed=f"functions are {', '.join(self._functions_here())}",
+            )
         name = node.func.id
         self._spelled(node.func, self._segment(node.func), name)
         kind = self.scope.kind
         if name in CONTEXT_FUNCTIONS and kind not in REFERENCE_KINDS:
-            raise self._refuse(f"{name}() is not available in {KIND_NOUNS[kind]}: it judges a finished ladder", node=node,
-                               allowed="it is available in reads, rules and expectations")
+            raise self._refuse(
+                f"{name}() is not available in {KIND_NOUNS[kind]}: it judges a finished ladder",
+                node=node,
+                allowed="it is available in reads, rules and expectations",
+            )
         if name in HISTORY_FUNCTIONS and kind != "kill":
-            raise self._refuse(f"{name}() reaches back through a running rung's windows and exists only in kill lines", node=node)
+            raise self._refuse(
+                f"{name}() reaches back through a running rung's windows and exists only in kill lines", node=node
+            )
         if name not in self._functions_here():
-            raise self._refuse(f"unknown function {name!r}" + _suggestion(name, self._functions_here()), node=node,
-                               allowed=f"functions are {', '.join(self._functions_here())}")
+            raise self._refuse(
+                f"unknown function {name!r}" + _suggestion(name, self._functions_here()),
+                node=node,
+                allowed=f"functions are {', '.join(self._functions_here())}",
+            )
         for keyword in node.keywords:
             shown = f"'{keyword.arg}='" if keyword.arg else "'**' unpacking"
-            raise self._refuse(f"keyword argument {shown} is not allowed in {name}()", node=keyword, allowed="arguments are positional")
+            raise self._refuse(
+                f"keyword argument {shown} is not allowed in {name}()", node=keyword, allowed="arguments are positional"
+            )
         for arg in node.args:
             if isinstance(arg, ast.Starred):
-                raise self._refuse(f"a starred argument '*{self._segment(arg.value)}' is not allowed", node=arg,
-                                   allowed="arguments are written out one by one")
+                raise self._refuse(
+                    f"a starred argument '*{self._segment(arg.value)}' is not allowed",
+                    node=arg,
+                    allowed="arguments are written out one by one",
+                )
         if name in PURE_FUNCTIONS:
             return self._pure_call(node, name)
         if name in CONTEXT_FUNCTIONS:
@@ -389,8 +441,13 @@ class _Compiler:
             compiled, static = self._expr(arg)
             list_allowed = fn.operand == "any" or (fn.takes_list and len(node.args) == 1)
             if static == "list" and not list_allowed:
-                raise self._refuse(f"{self._segment(arg)!r} is a list, which {name}() takes only as its sole argument" if fn.takes_list
-                                   else f"{name}() does not take a list", node=arg, allowed=fn.usage)
+                raise self._refuse(
+                    f"{self._segment(arg)!r} is a list, which {name}() takes only as its sole argument"
+                    if fn.takes_list
+                    else f"{name}() does not take a list",
+                    node=arg,
+                    allowed=fn.usage,
+                )
             if static != "list":
                 self._expect(arg, static, fn.operand, f"{name}()")
             args.append(compiled)
@@ -408,8 +465,11 @@ class _Compiler:
         if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
             raise self._refuse(f"{name}() takes a quoted {kinds} id, not an expression", node=arg, allowed=fn.usage)
         if arg.value not in known or arg.value == "PASS":
-            raise self._refuse(f"{arg.value!r} is not a known {kinds} id" + _suggestion(arg.value, known), node=arg,
-                               allowed=f"{kinds} ids are {_listing(known - {'PASS'})}")
+            raise self._refuse(
+                f"{arg.value!r} is not a known {kinds} id" + _suggestion(arg.value, known),
+                node=arg,
+                allowed=f"{kinds} ids are {_listing(known - {'PASS'})}",
+            )
         return ContextCall(name, arg.value, self._segment(node)), "boolean"
 
     def _history_call(self, node: ast.Call, name: str) -> tuple[Node, StaticType]:
@@ -419,14 +479,25 @@ class _Compiler:
         metrics = self.scope.metrics
         if not isinstance(series, ast.Name) or series.id not in metrics:
             shown = self._segment(series)
-            problem = f"{shown!r} is not a metric" + (_suggestion(series.id, metrics) if isinstance(series, ast.Name) else "")
-            raise self._refuse(f"the first argument of {name}() names a metric's series: {problem}", node=series,
-                               allowed=f"metrics are {_listing(metrics)}")
+            problem = f"{shown!r} is not a metric" + (
+                _suggestion(series.id, metrics) if isinstance(series, ast.Name) else ""
+            )
+            raise self._refuse(
+                f"the first argument of {name}() names a metric's series: {problem}",
+                node=series,
+                allowed=f"metrics are {_listing(metrics)}",
+            )
         self._spelled(series, self._segment(series), series.id)
         compiled, static = self._expr(argument)
         self._expect(argument, static, "number", f"{name}()")
-        if name == "last" and isinstance(argument, ast.Constant) and (not isinstance(argument.value, int) or argument.value < 1):
-            raise self._refuse(f"last() counts windows: a whole number >= 1, got {argument.value!r}", node=argument, allowed=fn.usage)
+        if (
+            name == "last"
+            and isinstance(argument, ast.Constant)
+            and (not isinstance(argument.value, int) or argument.value < 1)
+        ):
+            raise self._refuse(
+                f"last() counts windows: a whole number >= 1, got {argument.value!r}", node=argument, allowed=fn.usage
+            )
         return HistoryCall(fn, series.id, compiled, self._segment(node)), fn.returns
 
 

@@ -50,9 +50,13 @@ class Scope:
                 raise TypeError(f"Scope.{field.name} must be a set of strings, got {value!r}")
             object.__setattr__(self, field.name, frozenset(value))
         for field_name in _IDENTIFIER_FIELDS:
-            bad = sorted(n for n in getattr(self, field_name) if not (n.isidentifier() and n.isascii()) or keyword.iskeyword(n))
+            bad = sorted(
+                n for n in getattr(self, field_name) if not (n.isidentifier() and n.isascii()) or keyword.iskeyword(n)
+            )
             if bad:
-                raise ValueError(f"Scope.{field_name}: {bad} cannot be written in an expression; names are ASCII identifiers, not Python keywords")
+                raise ValueError(
+                    f"Scope.{field_name}: {bad} cannot be written in an expression; names are ASCII identifiers, not Python keywords"
+                )
         if self.reads and self.kind not in REFERENCE_KINDS:
             # A bare name in a pass rule or kill line is a metric; reads there would make it ambiguous.
             raise ValueError(f"a {self.kind} scope sees metrics, not reads; got reads {sorted(self.reads)}")

@@ -74,4 +74,6 @@ def admit(value: object, source: str) -> Value:
         return float(value)
     if isinstance(value, (list, tuple)):
         return [admit(item, source) for item in value]
-    raise TypeError(f"{source} returned {value!r} ({type(value).__name__}); an Env returns bool, int, float, str, list or Undefined")
+    raise TypeError(
+        f"{source} returned {value!r} ({type(value).__name__}); an Env returns bool, int, float, str, list or Undefined"
+    )

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.molmo2.config import Molmo2Config, VisionConfig
-
+from engine.molmo2.model.config import Molmo2Config, VisionConfig
 
 # How an attention call computes q.k and the softmax: "fp32" (the hub's float32_attention), "autocast" (the
 # surrounding autocast dtype, bf16 under CUDA training: X1), "fp16" (fp16 inputs under any autocast: X2).
@@ -44,7 +43,10 @@ class DotProductAttention(nn.Module):
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
-        self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        self,
+        x_q: torch.Tensor,
+        x_kv: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
         precision: str | None = None,
     ) -> torch.Tensor:
         """`precision` overrides the configured float32_attention for this call: None, the config's; one of
@@ -109,7 +111,9 @@ class VisionTransformer(nn.Module):
         self.positional_embedding = nn.Parameter(torch.empty(v.num_positions, v.hidden_size))
         self.transformer = _Blocks(v, stored_layers)
 
-    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...], attention_precision: str | None = None) -> torch.Tensor:
+    def forward(
+        self, pixels: torch.Tensor, taps: tuple[int, ...], attention_precision: str | None = None
+    ) -> torch.Tensor:
         """pixels: [n_crops, n_patches, patch_dim] -> the tapped blocks' outputs concatenated in `taps` order.
         `attention_precision` overrides the config's for every block (None: the config's)."""
         x = self.patch_embedding(pixels)
@@ -147,8 +151,13 @@ class VisionBackbone(nn.Module):
                                                     a.float32_attention)  # fmt: skip
         self.image_projector = ImageProjector(a.hidden_size, a.intermediate_size, config.text.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_attention_precision: str | None = None,
-                pool_precision: str | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        token_pooling: torch.Tensor,
+        vit_attention_precision: str | None = None,
+        pool_precision: str | None = None,
+    ) -> torch.Tensor:
         """pixel_values [n_crops, n_patches, patch_dim] (every crop of the batch); token_pooling [n_tokens, k]:
         per output token, k indices into the flattened (n_crops * n_patches) features, -1 = invalid slot.
         Returns [n_tokens, text_hidden], one row per pooled token, in order.
@@ -168,5 +177,7 @@ class VisionBackbone(nn.Module):
         count = valid.float().sum(-1)
         count = torch.where(count == 0, 1, count)
         query = to_pool.sum(-2, keepdim=True) / count[:, None, None].to(to_pool.dtype)
-        pooled = self.image_pooling_2d(query, to_pool, mask=valid[:, None, None, :], precision=pool_precision)  # [n_tokens, 1, hidden]
+        pooled = self.image_pooling_2d(
+            query, to_pool, mask=valid[:, None, None, :], precision=pool_precision
+        )  # [n_tokens, 1, hidden]
         return self.image_projector(pooled.squeeze(1))

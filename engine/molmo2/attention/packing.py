@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch, positions_from_mask
-from engine.molmo2.segments import PackedSegments, packed_segments
+from engine.molmo2.attention.segments import PackedSegments, packed_segments
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, positions_from_mask
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
 
 # ---- masks: the padded rules within each document ----
 
+
 def block_mask_from_pairs(pairs: torch.Tensor, mask_mod, block: int = 128) -> BlockMask:
     """The BlockMask create_block_mask(mask_mod) builds, from the rule's [Q, KV] bool pairs: the blocks with every
     pair allowed are full, those with some are partial (mask_mod decides within them), the rest are skipped.
@@ -181,7 +182,9 @@ def block_mask_from_pairs(pairs: torch.Tensor, mask_mod, block: int = 128) -> Bl
         indices = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
         return count[None, None].contiguous(), indices[None, None].contiguous()
 
-    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(Q, KV))
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(Q, KV)
+    )
 
 
 def packed_prefix_mask(packing: Packing, mm_token_type_ids: torch.Tensor) -> torch.Tensor:

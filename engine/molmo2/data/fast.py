@@ -223,4 +223,3 @@ def _strings(shifted: np.ndarray) -> list[str]:
     """[N, T, D] non-negative ints -> one string per chunk, frequency-major (row-major over [T, D])."""
     flat = shifted.reshape(shifted.shape[0], -1) + CHAR_BASE
     return ["".join(map(chr, row)) for row in flat.tolist()]
-

@@ -32,7 +32,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-
 KERNELS = ("flash", "cudnn")  # a varlen call's CUDA kernel
 
 
@@ -133,7 +132,9 @@ def plan(samples: list[Sample], pads: list[tuple[int, int]], n_queries: int, n_k
             if queries and is_image:
                 full.append((queries, sample.keys[:end] + [sample.keys[j] for j in images if j >= end]))
             elif queries:
-                assert all(q >= 0 for q in sample.queries[end - len(queries): end]), "a causal segment's queries end its keys"
+                assert all(q >= 0 for q in sample.queries[end - len(queries) : end]), (
+                    "a causal segment's queries end its keys"
+                )
                 causal.append((queries, sample.keys[:end]))
             start = end
     causal.extend(([q], [k]) for q, k in pads)
@@ -193,7 +194,7 @@ def segments_mask(segments: Segments, n_keys: int) -> torch.Tensor:
     for call in segments.calls:
         cu_q, cu_k = call.cu_q.tolist(), call.cu_k.tolist()
         for s in range(len(cu_q) - 1):
-            queries, keys = call.queries[cu_q[s]: cu_q[s + 1]].cpu(), call.keys[cu_k[s]: cu_k[s + 1]].cpu()
+            queries, keys = call.queries[cu_q[s] : cu_q[s + 1]].cpu(), call.keys[cu_k[s] : cu_k[s + 1]].cpu()
             pairs = _segment_mask(len(queries), len(keys), call.causal)
             allowed[queries[:, None], keys[None, :]] = pairs if pairs is not None else True
     return allowed
@@ -219,16 +220,20 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     outputs, q_at, k_at = [], 0, 0
     for call in segments.calls:
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        outputs.append(varlen_call(q[q_at: q_at + nq], k[k_at: k_at + nk], v[k_at: k_at + nk], call, segments.kernel))
+        outputs.append(
+            varlen_call(q[q_at : q_at + nq], k[k_at : k_at + nk], v[k_at : k_at + nk], call, segments.kernel)
+        )
         q_at, k_at = q_at + nq, k_at + nk
     out = Gather.apply(torch.cat(outputs), segments.inverse, segments.queries[:, None])
     return out.transpose(0, 1)[None]
 
 
-def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall, kernel: str = "flash") -> torch.Tensor:
+def varlen_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall, kernel: str = "flash"
+) -> torch.Tensor:
     """One varlen call on its gathered buffers: [nq, heads, d], [nk, kv_heads, d] x2 -> [nq, heads, d]."""
     if q.device.type == "cuda" and kernel == "cudnn":
-        from engine.molmo2.cudnn_attention import cudnn_varlen_call
+        from engine.molmo2.attention.cudnn import cudnn_varlen_call
 
         return cudnn_varlen_call(q, k, v, call)
     if q.device.type == "cuda":

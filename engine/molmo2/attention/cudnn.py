@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # segments imports this module when a call runs on cuDNN
-    from engine.molmo2.segments import VarlenCall
+    from engine.molmo2.attention.segments import VarlenCall
 
 ROUND = 64  # graph dims are rounded up to this, so nearby packed chunks share a graph
 
@@ -131,9 +131,13 @@ class _Graph:
             names = (("o", "q"), ("stats", None))
         for (name, like), tensor in zip(names, outputs):
             if like is None:
-                tensor.set_output(True).set_dim(stats_dims[0]).set_stride(stats_dims[1]).set_data_type(cudnn.data_type.FLOAT)
+                tensor.set_output(True).set_dim(stats_dims[0]).set_stride(stats_dims[1]).set_data_type(
+                    cudnn.data_type.FLOAT
+                )
             else:
-                tensor.set_output(True).set_dim(dims[like][0]).set_stride(dims[like][1]).set_ragged_offset(t[f"{like}_offset"])
+                tensor.set_output(True).set_dim(dims[like][0]).set_stride(dims[like][1]).set_ragged_offset(
+                    t[f"{like}_offset"]
+                )
             t[name] = tensor
         graph.validate()
         graph.build_operation_graph()

@@ -27,7 +27,7 @@ from typing import Mapping, Protocol, Sequence
 
 from tokenizers import Tokenizer
 
-from engine.molmo2.processor import ImageTokenIds
+from engine.molmo2.data.processor import ImageTokenIds
 
 # Offsets above vocab_size of the extension table's rows (reference §1).
 IMAGE_SPECIAL_OFFSETS = {

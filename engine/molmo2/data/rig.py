@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from engine.molmo2.rig_render import COLOURS, render_frame
+from engine.molmo2.data.rig_render import COLOURS, render_frame
 
 PHASES = ("reach", "grasp", "lift")
 OUTCOMES = ("success", "failure")

@@ -15,8 +15,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.model import AR_EXTRA_KEYS, Molmo2Model, init_weights
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import AR_EXTRA_KEYS, Molmo2Model, init_weights
 from engine.molmo2.switches import HEAD, Switches
 
 CONFIG_NAME = "config.json"

@@ -4,7 +4,7 @@ DDP reducer buckets, autocast copies, activations, other and fragmentation.
 Seed 003's F1 ladder spent six rungs on component arithmetic that kept missing >= 10 GiB; the snapshot read
 (rung 7's forensics) found the block none of them had touched (DDP's reducer buckets, allocated at
 construction). This module is that read, made repeatable: it takes the dict `torch.cuda.memory._snapshot()`
-returns (pickled by engine.molmo2.memory_snapshot) and says what was live at the peak.
+returns (pickled by engine.memory.snapshot) and says what was live at the peak.
 
 Two sources, the table says which one it used:
 - the allocation history (`device_traces`): every alloc / free / segment event is replayed and the live
@@ -51,7 +51,7 @@ OTHER = "other"
 FRAGMENTATION = "fragmentation"
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, REDUCER_BUCKETS, AUTOCAST_COPIES, ACTIVATIONS, OTHER)
 
-# The key engine.molmo2.memory_snapshot adds to torch's snapshot dict: {"device": index, role: [addresses]}.
+# The key engine.memory.snapshot adds to torch's snapshot dict: {"device": index, role: [addresses]}.
 # torch's own viewers ignore unknown keys, so the pickle still opens at pytorch.org/memory_viz.
 ROLES_KEY = "prereg_tensor_roles"
 ROLE_CATEGORIES = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
@@ -83,8 +83,11 @@ class FrameRule:
 
     def matches(self, frame: dict[str, Any]) -> bool:
         if is_python(frame):
-            return (self.function is None or frame["name"] == self.function) and (
-                self.file is None or self.file in frame["filename"]) and self.native is None
+            return (
+                (self.function is None or frame["name"] == self.function)
+                and (self.file is None or self.file in frame["filename"])
+                and self.native is None
+            )
         return self.native is not None and self.native in frame["name"]
 
 
@@ -104,7 +107,7 @@ FRAME_RULES: tuple[FrameRule, ...] = (
     FrameRule(PARAMETERS, function="load_state_dict"),
     FrameRule(PARAMETERS, function="_load_from_state_dict"),
     FrameRule(ACTIVATIONS, function="forward"),  # any module's forward: what autograd saves lives here
-    FrameRule(ACTIVATIONS, function="ar_forward"),  # engine/molmo2/ar.py, around the model's forward
+    FrameRule(ACTIVATIONS, function="ar_forward"),  # engine/molmo2/model/ar.py, around the model's forward
     FrameRule(ACTIVATIONS, function="ar_loss_sums"),
     FrameRule(ACTIVATIONS, function="accumulate_gradients"),  # train.py: logits cast, the chunk's loss
     FrameRule(ACTIVATIONS, native="torch::autograd::Engine"),  # backward temporaries (the device thread)
@@ -174,7 +177,9 @@ class Allocation:
 
     __slots__ = ("address", "size", "frames", "born", "died", "before_history", "role")
 
-    def __init__(self, address: int, size: int, frames: Sequence[dict[str, Any]], born: int, before_history: bool = False):
+    def __init__(
+        self, address: int, size: int, frames: Sequence[dict[str, Any]], born: int, before_history: bool = False
+    ):
         self.address = address
         self.size = size
         self.frames = frames
@@ -239,8 +244,10 @@ class Forensics:
         return asdict(self)
 
     def markdown(self) -> str:
-        source = {"trace": "allocation history replayed to the peak of active memory",
-                  "segments": "the segments' blocks at the moment the snapshot was taken (no allocation history)"}
+        source = {
+            "trace": "allocation history replayed to the peak of active memory",
+            "segments": "the segments' blocks at the moment the snapshot was taken (no allocation history)",
+        }
         lines = [
             f"**Memory forensics, device {self.device}** — source: {source[self.source]}; moment: {self.moment}.",
             "",
@@ -251,7 +258,9 @@ class Forensics:
             "|---|---:|---:|---:|---|",
         ]
         for row in self.rows:
-            largest = "; ".join(f"{gib(b.size_bytes)} `{b.frame.replace('|', '/')}`" for b in row.largest)  # | would end the cell
+            largest = "; ".join(
+                f"{gib(b.size_bytes)} `{b.frame.replace('|', '/')}`" for b in row.largest
+            )  # | would end the cell
             lines.append(f"| {row.category} | {gib(row.bytes)} | {100 * row.share:.1f}% | {row.count} | {largest} |")
         lines.append(f"| **reserved** | **{gib(self.reserved_bytes)}** | 100.0% | | |")
         if self.notes:
@@ -296,11 +305,16 @@ def pick_device(snapshot: dict[str, Any], device: int | None) -> int:
         device = snapshot[ROLES_KEY]["device"]  # the rank's own device, recorded by the instrument
     if device is not None:
         if device not in present:
-            raise ValueError(f"device = {device} has no segments and no trace in this snapshot; devices present: {sorted(present)}")
+            raise ValueError(
+                f"device = {device} has no segments and no trace in this snapshot; devices present: {sorted(present)}"
+            )
         return device
     if len(present) != 1:
-        raise ValueError(f"the snapshot covers devices {sorted(present)}: name one (device=...)" if present
-                         else "the snapshot has no segments and no trace: nothing to attribute")
+        raise ValueError(
+            f"the snapshot covers devices {sorted(present)}: name one (device=...)"
+            if present
+            else "the snapshot has no segments and no trace: nothing to attribute"
+        )
     return present.pop()
 
 
@@ -316,15 +330,21 @@ def live_blocks(segments: Iterable[dict[str, Any]]) -> dict[int, Allocation]:
             if block["state"] in ACTIVE_STATES:
                 live[block["address"]] = Allocation(block["address"], block["requested_size"], block["frames"], born=-1)
         if covered != segment["total_size"]:
-            raise ValueError(f"segment at {segment['address']:#x}: its blocks cover {covered} bytes, total_size = {segment['total_size']}")
+            raise ValueError(
+                f"segment at {segment['address']:#x}: its blocks cover {covered} bytes, total_size = {segment['total_size']}"
+            )
     return live
 
 
-def _apply_roles(snapshot: dict[str, Any], device: int, live_at_snapshot: dict[int, Allocation], notes: list[str]) -> None:
+def _apply_roles(
+    snapshot: dict[str, Any], device: int, live_at_snapshot: dict[int, Allocation], notes: list[str]
+) -> None:
     roles = snapshot.get(ROLES_KEY)
     if roles is None:
-        notes.append("no tensor roles recorded: parameters, gradients and optimizer state are classified by stack "
-                     "frames only (a gradient stolen from its backward op's output then counts as activations)")
+        notes.append(
+            "no tensor roles recorded: parameters, gradients and optimizer state are classified by stack "
+            "frames only (a gradient stolen from its backward op's output then counts as activations)"
+        )
         return
     if roles["device"] != device:
         notes.append(f"tensor roles were recorded for device {roles['device']}, not {device}: not used")
@@ -341,10 +361,14 @@ def _apply_roles(snapshot: dict[str, Any], device: int, live_at_snapshot: dict[i
             else:
                 missing += 1
     if missing:
-        notes.append(f"{missing} role addresses are not live blocks of the caching allocator (allocated elsewhere): not attributed by role")
+        notes.append(
+            f"{missing} role addresses are not live blocks of the caching allocator (allocated elsewhere): not attributed by role"
+        )
 
 
-def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserved_end: int, notes: list[str]) -> tuple[int, list[Allocation], int, int]:
+def _replay(
+    trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserved_end: int, notes: list[str]
+) -> tuple[int, list[Allocation], int, int]:
     """Replay the history; returns (peak event index, allocations live there, active bytes, reserved bytes)."""
     for i, event in enumerate(trace):
         if event["action"] not in TRACE_ACTIONS:
@@ -359,7 +383,11 @@ def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserv
     live: dict[int, Allocation] = {}
     for event in trace:
         address = event.get("addr")
-        if event["action"] in (FREE_REQUESTED, FREE_COMPLETED) and first_touch[address] != ALLOC and address not in live:
+        if (
+            event["action"] in (FREE_REQUESTED, FREE_COMPLETED)
+            and first_touch[address] != ALLOC
+            and address not in live
+        ):
             live[address] = Allocation(address, event["size"], (), born=-1, before_history=True)
     for address, allocation in end_live.items():
         if address not in first_touch:
@@ -367,14 +395,21 @@ def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserv
     everyone = list(live.values())
     before = sum(a.size for a in everyone if a.before_history)
     if before:
-        notes.append(f"{gib(before)} GiB was allocated before the recorded history and freed inside it "
-                     f"(max_entries too small, or recording started late): counted as other")
+        notes.append(
+            f"{gib(before)} GiB was allocated before the recorded history and freed inside it "
+            f"(max_entries too small, or recording started late): counted as other"
+        )
 
-    reserved = reserved_end - sum(e["size"] for e in trace if e["action"] in SEGMENT_GROWS) \
+    reserved = (
+        reserved_end
+        - sum(e["size"] for e in trace if e["action"] in SEGMENT_GROWS)
         + sum(e["size"] for e in trace if e["action"] in SEGMENT_SHRINKS)
+    )
     if reserved < 0:
-        raise ValueError(f"the trace's segment events leave {reserved} bytes reserved when it starts: "
-                         f"inconsistent with the {reserved_end} bytes the snapshot's segments hold")
+        raise ValueError(
+            f"the trace's segment events leave {reserved} bytes reserved when it starts: "
+            f"inconsistent with the {reserved_end} bytes the snapshot's segments hold"
+        )
     active = sum(a.size for a in live.values())
     peak_index, peak_active, peak_reserved = -1, active, reserved
     for i, event in enumerate(trace):
@@ -392,8 +427,10 @@ def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserv
         elif action == FREE_COMPLETED:
             allocation = live.pop(event["addr"], None)
             if allocation is None or allocation.size != event["size"]:
-                raise ValueError(f"trace event {i}: free_completed of {event['size']} bytes at {event['addr']:#x}, "
-                                 f"where the replay has {allocation and allocation.size} bytes live")
+                raise ValueError(
+                    f"trace event {i}: free_completed of {event['size']} bytes at {event['addr']:#x}, "
+                    f"where the replay has {allocation and allocation.size} bytes live"
+                )
             allocation.died = i
             active -= allocation.size
         elif action in SEGMENT_GROWS:
@@ -401,8 +438,10 @@ def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserv
         elif action in SEGMENT_SHRINKS:
             reserved -= event["size"]
         elif action == "oom":
-            notes.append(f"OOM at trace event {i}: {gib(event['size'])} GiB requested, "
-                         f"{gib(event['device_free'])} GiB free on the device")
+            notes.append(
+                f"OOM at trace event {i}: {gib(event['size'])} GiB requested, "
+                f"{gib(event['device_free'])} GiB free on the device"
+            )
         if active > peak_active:  # the first moment the maximum is reached
             peak_index, peak_active, peak_reserved = i, active, reserved
 
@@ -410,7 +449,9 @@ def _replay(trace: list[dict[str, Any]], end_live: dict[int, Allocation], reserv
     expected = {a: x.size for a, x in end_live.items()}
     if ended != expected:
         differ = sorted(set(ended.items()) ^ set(expected.items()))[:5]
-        raise ValueError(f"the replay's live allocations disagree with the snapshot's active blocks, e.g. (address, bytes) {differ}")
+        raise ValueError(
+            f"the replay's live allocations disagree with the snapshot's active blocks, e.g. (address, bytes) {differ}"
+        )
     for address, allocation in live.items():  # the roles were put on the blocks; the replay's objects are these
         allocation.role = end_live[address].role
     return peak_index, [a for a in everyone if a.live_at(peak_index)], peak_active, peak_reserved
@@ -429,14 +470,19 @@ def attribute(snapshot: dict[str, Any], device: int | None = None) -> Forensics:
     if moves_memory:
         peak_index, allocations, active, reserved = _replay(trace, end_live, reserved_end, notes)
         source = "trace"
-        moment = ("the start of the recorded history" if peak_index < 0
-                  else f"trace event {peak_index} of {len(trace)} (peak of active memory)")
+        moment = (
+            "the start of the recorded history"
+            if peak_index < 0
+            else f"trace event {peak_index} of {len(trace)} (peak of active memory)"
+        )
     else:
         allocations = list(end_live.values())
         active, reserved = sum(a.size for a in allocations), reserved_end
         source, moment = "segments", "snapshot time"
-        notes.append("no allocation history in the snapshot (recording was off or its buffer held no event): "
-                     "attributed the blocks live when the snapshot was taken, which may not be the peak")
+        notes.append(
+            "no allocation history in the snapshot (recording was off or its buffer held no event): "
+            "attributed the blocks live when the snapshot was taken, which may not be the peak"
+        )
     if reserved < active:
         raise ValueError(f"{reserved} bytes reserved < {active} bytes active at {moment}: an inconsistent snapshot")
 
@@ -461,8 +507,10 @@ def forensics_markdown(path: str | Path, device: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.molmo2.memory_forensics",
-                                     description="Attribute a CUDA memory snapshot's peak to what holds it.")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.memory.forensics",
+        description="Attribute a CUDA memory snapshot's peak to what holds it.",
+    )
     parser.add_argument("snapshot", help="a pickle of torch.cuda.memory._snapshot()")
     parser.add_argument("--device", type=int, default=None, help="the device to read, if the snapshot has several")
     args = parser.parse_args(argv)

@@ -49,8 +49,16 @@ PARTS = {
     "interrupted": "interrupted runs (at least)",
     "unsplit": "not separable (see notes)",
 }
-COLOURS = {"load": "#d62728", "oracle_gate": "#9467bd", "steps_warmup": "#aec7e8", "steps_read": "#1f77b4", "other": "#7f7f7f",
-           "external": "#2ca02c", "interrupted": "#ff7f0e", "unsplit": "#bcbd22"}
+COLOURS = {
+    "load": "#d62728",
+    "oracle_gate": "#9467bd",
+    "steps_warmup": "#aec7e8",
+    "steps_read": "#1f77b4",
+    "other": "#7f7f7f",
+    "external": "#2ca02c",
+    "interrupted": "#ff7f0e",
+    "unsplit": "#bcbd22",
+}
 # A derived process start may disagree with the window clock by the time between reading the clock and stamping
 # the entry (a fraction of a millisecond); more than this and the timestamps are not trusted.
 CLOCK_SLACK_S = 0.05
@@ -95,8 +103,13 @@ class ProcessCost:
             return {"external": self.total}
         if self.kind in ("interrupted", "running"):
             return {"interrupted": self.total}
-        return {"load": self.load, "steps_warmup": self.steps_warmup, "steps_read": self.steps_read,
-                "other": self.start + self.teardown, "unsplit": self.unsplit}
+        return {
+            "load": self.load,
+            "steps_warmup": self.steps_warmup,
+            "steps_read": self.steps_read,
+            "other": self.start + self.teardown,
+            "unsplit": self.unsplit,
+        }
 
 
 def _utc(ts: str) -> float:
@@ -115,8 +128,16 @@ def _gates(entries: list) -> list[ProcessCost]:
             total, wall = float(data.get("gpu_s", 0.0)), data.get("wall_s")
             devices = total / wall if wall else None
             oracles = list(data.get("oracles", []))
-            gate = ProcessCost("gate", f"oracle gate {len(gates) + 1}", [], [], f"stopped by {data['stopped']}" if data.get("stopped") else "finished",
-                               total, devices=devices, oracles=oracles)
+            gate = ProcessCost(
+                "gate",
+                f"oracle gate {len(gates) + 1}",
+                [],
+                [],
+                f"stopped by {data['stopped']}" if data.get("stopped") else "finished",
+                total,
+                devices=devices,
+                oracles=oracles,
+            )
             gate.probes = sum(probe_s.get(o, 0.0) for o in oracles)
             if "load_s" in data and devices is not None:
                 gate.load = float(data["load_s"]) * devices
@@ -137,7 +158,11 @@ def _rung_processes(state: RegistrationState, entries: list, discard_first: int)
     for run in state.runs:
         if run.external or run.run_id in group_of:
             continue
-        members = [run.run_id] + list(starts[run.run_id].data.get("interleaved_with", [])) if run.run_id in starts else [run.run_id]
+        members = (
+            [run.run_id] + list(starts[run.run_id].data.get("interleaved_with", []))
+            if run.run_id in starts
+            else [run.run_id]
+        )
         for member in members:
             group_of.setdefault(member, run.run_id)
     processes: list[ProcessCost] = []
@@ -146,8 +171,18 @@ def _rung_processes(state: RegistrationState, entries: list, discard_first: int)
     seen: set[str] = set()
     for run in state.runs:
         if run.external:
-            processes.append(ProcessCost("external", f"rung {run.rung} (recorded)", [run.rung], [run.run_id], run.status,
-                                         float(run.totals.get("gpu_s", 0.0)), note=run.provenance, shares={run.run_id: 1.0}))
+            processes.append(
+                ProcessCost(
+                    "external",
+                    f"rung {run.rung} (recorded)",
+                    [run.rung],
+                    [run.run_id],
+                    run.status,
+                    float(run.totals.get("gpu_s", 0.0)),
+                    note=run.provenance,
+                    shares={run.run_id: 1.0},
+                )
+            )
             continue
         key = group_of[run.run_id]
         if key in seen:
@@ -158,23 +193,34 @@ def _rung_processes(state: RegistrationState, entries: list, discard_first: int)
         total = sum(float(r.totals.get("gpu_s", 0.0)) for r in runs)
         status = ", ".join(sorted({r.status for r in runs}))
         process = ProcessCost("rung", label, [r.rung for r in runs], [r.run_id for r in runs], status, total)
-        process.shares = {r.run_id: (float(r.totals.get("gpu_s", 0.0)) / total if total else 1.0 / len(runs)) for r in runs}
+        process.shares = {
+            r.run_id: (float(r.totals.get("gpu_s", 0.0)) / total if total else 1.0 / len(runs)) for r in runs
+        }
         if any(r.status == "running" for r in runs):
             process.kind = "running"
-            process.note = "no run-end yet: its time is not in the ledger's total until it ends (or is marked interrupted)"
+            process.note = (
+                "no run-end yet: its time is not in the ledger's total until it ends (or is marked interrupted)"
+            )
         elif any(r.status == "interrupted" for r in runs):
             process.kind = "interrupted"
             process.note = "ended without a run-end: the last window's elapsed_s is counted, as a lower bound, unsplit"
         else:
-            _split_rung_process(process, [r.totals for r in runs], [starts.get(r.run_id) for r in runs],
-                                [w for r in runs for w in windows.get(r.run_id, [])], discard_first)
+            _split_rung_process(
+                process,
+                [r.totals for r in runs],
+                [starts.get(r.run_id) for r in runs],
+                [w for r in runs for w in windows.get(r.run_id, [])],
+                discard_first,
+            )
         if process.note:
             notes.append(f"{process.label}: {process.note}")
         processes.append(process)
     return processes, notes
 
 
-def _split_rung_process(process: ProcessCost, run_totals: list[dict[str, Any]], starts: list, windows: list, discard_first: int) -> None:
+def _split_rung_process(
+    process: ProcessCost, run_totals: list[dict[str, Any]], starts: list, windows: list, discard_first: int
+) -> None:
     """Fill in a finished (or killed, failed, over-ceiling) rung process's parts; see the module's docstring."""
     totals = run_totals[0]  # one process: its wall, load and clock are the same on every run it ran
     wall = totals.get("wall_s")
@@ -193,10 +239,14 @@ def _split_rung_process(process: ProcessCost, run_totals: list[dict[str, Any]], 
         process.unsplit = process.total
         return
     load_s = process.load / devices
-    clocked = sorted((w for w in windows if isinstance(w.data.get("elapsed_s"), (int, float))), key=lambda w: w.data["elapsed_s"])
+    clocked = sorted(
+        (w for w in windows if isinstance(w.data.get("elapsed_s"), (int, float))), key=lambda w: w.data["elapsed_s"]
+    )
     if not clocked:
         process.unsplit = process.total - process.load
-        process.note = "no window recorded its elapsed_s (or none finished): steps, process start and teardown are not separable"
+        process.note = (
+            "no window recorded its elapsed_s (or none finished): steps, process start and teardown are not separable"
+        )
         return
     last = float(clocked[-1].data["elapsed_s"])
     process.teardown = max(float(wall) - last, 0.0) * devices
@@ -244,13 +294,20 @@ def ladder_cost(ledger: Ledger, reg_id: str, state: RegistrationState | None = N
     recorded = cost_summary(reg, state)
     orphans = [o for o in _oracles_without_gate(entries)]
     if orphans:
-        notes.append(f"oracle(s) {', '.join(orphans)} have results but no gate entry (their gate process did not end): "
-                     "their probe time is in no recorded total")
+        notes.append(
+            f"oracle(s) {', '.join(orphans)} have results but no gate entry (their gate process did not end): "
+            "their probe time is in no recorded total"
+        )
     per_run = {}
     for process in rungs:
         for run_id, share in process.shares.items():
             parts = {k: v * share for k, v in process.parts().items()}
-            per_run[run_id] = {"rung": process.rungs[process.runs.index(run_id)], "process": process.label, "gpu_s": process.total * share, **parts}
+            per_run[run_id] = {
+                "rung": process.rungs[process.runs.index(run_id)],
+                "process": process.label,
+                "gpu_s": process.total * share,
+                **parts,
+            }
     starts_from = sorted({p.start_from for p in rungs if p.start_from})
     return {
         "registration": reg_id,
@@ -263,7 +320,9 @@ def ladder_cost(ledger: Ledger, reg_id: str, state: RegistrationState | None = N
         "share_of_ceiling": total / ceiling_s,
         "overrun": total > ceiling_s,
         "ceiling_events": state.ceilings,
-        "split": {k: v for k, v in split.items() if v or k in ("load", "oracle_gate", "steps_warmup", "steps_read", "other")},
+        "split": {
+            k: v for k, v in split.items() if v or k in ("load", "oracle_gate", "steps_warmup", "steps_read", "other")
+        },
         "gate_load_gpu_s": sum(g.load for g in gates),
         "ledger_writes_gpu_s": sum(p.ledger_writes for p in rungs),
         "rung_processes": len([p for p in rungs if p.kind == "rung"]),
@@ -299,10 +358,18 @@ def _pct(value: float, of: float) -> str:
 def cost_markdown(cost: dict[str, Any], image: str | None = None) -> list[str]:
     total, ceiling = cost["gpu_s"], cost["ceiling_gpu_s"]
     split = cost["split"]
-    lines = ["## Cost: what the ladder cost", "",
-             f"**{_s(total)} device-seconds of the {ceiling:,.0f} ceiling ({_pct(total, ceiling)})** — on_ceiling = {cost['on_ceiling']}"
-             + ("; **OVERRUN**, recorded" if cost["overrun"] else "; no overrun") + f"; schedule {cost['schedule']}.", ""]
-    events = [f"- ceiling event: spent {_s(e['spent_gpu_s'])}, projected {_s(e['projected_gpu_s'])} → {e['action']}" for e in cost["ceiling_events"]]
+    lines = [
+        "## Cost: what the ladder cost",
+        "",
+        f"**{_s(total)} device-seconds of the {ceiling:,.0f} ceiling ({_pct(total, ceiling)})** — on_ceiling = {cost['on_ceiling']}"
+        + ("; **OVERRUN**, recorded" if cost["overrun"] else "; no overrun")
+        + f"; schedule {cost['schedule']}.",
+        "",
+    ]
+    events = [
+        f"- ceiling event: spent {_s(e['spent_gpu_s'])}, projected {_s(e['projected_gpu_s'])} → {e['action']}"
+        for e in cost["ceiling_events"]
+    ]
     lines += events + ([""] if events else [])
     lines += ["| part | device-s | of the total | of the ceiling |", "|---|---|---|---|"]
     rung_processes = cost["rung_processes"]
@@ -314,40 +381,60 @@ def cost_markdown(cost: dict[str, Any], image: str | None = None) -> list[str]:
         "steps_read": "steps: read windows",
     }
     for name, value in split.items():
-        lines.append(f"| {describe.get(name, PARTS[name])} | {_s(value)} | {_pct(value, total)} | {_pct(value, ceiling)} |")
+        lines.append(
+            f"| {describe.get(name, PARTS[name])} | {_s(value)} | {_pct(value, total)} | {_pct(value, ceiling)} |"
+        )
     lines += [f"| **total** | **{_s(total)}** | 100% | **{_pct(total, ceiling)}** |", ""]
-    lines += ["Per process (device-seconds):", "",
-              "| process | status | load | oracle probes | steps: warm-up | steps: read | start | teardown | not separable | total (recorded) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "Per process (device-seconds):",
+        "",
+        "| process | status | load | oracle probes | steps: warm-up | steps: read | start | teardown | not separable | total (recorded) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in cost["processes"]:
         if p["kind"] == "gate":
             rest = p["total"] - p["load"] - p["probes"]
-            lines.append(f"| {p['label']} ({', '.join(p['oracles'])}) | {p['status']} | {_s(p['load'])} | {_s(p['probes'])} | | | "
-                         f"{_s(rest)} (start, between probes, teardown) | | | {_s(p['total'])} |")
+            lines.append(
+                f"| {p['label']} ({', '.join(p['oracles'])}) | {p['status']} | {_s(p['load'])} | {_s(p['probes'])} | | | "
+                f"{_s(rest)} (start, between probes, teardown) | | | {_s(p['total'])} |"
+            )
         elif p["kind"] == "rung":
-            start = _s(p["start"]) + (" (from timestamps)" if p["start_from"] == "timestamps" else "") if p["start_from"] else "—"
-            lines.append(f"| {p['label']} | {p['status']} | {_s(p['load'])} | | {_s(p['steps_warmup'])} | {_s(p['steps_read'])} | {start} | "
-                         f"{_s(p['teardown'])} | {_s(p['unsplit']) if p['unsplit'] else ''} | {_s(p['total'])} |")
+            start = (
+                _s(p["start"]) + (" (from timestamps)" if p["start_from"] == "timestamps" else "")
+                if p["start_from"]
+                else "—"
+            )
+            lines.append(
+                f"| {p['label']} | {p['status']} | {_s(p['load'])} | | {_s(p['steps_warmup'])} | {_s(p['steps_read'])} | {start} | "
+                f"{_s(p['teardown'])} | {_s(p['unsplit']) if p['unsplit'] else ''} | {_s(p['total'])} |"
+            )
         else:
             lines.append(f"| {p['label']} | {p['status']} | | | | | | | {_s(p['total'])} | {_s(p['total'])} |")
-    lines += ["", "How the parts are read from the ledger:",
-              "- total: each process's recorded device time (gate entries' `gpu_s`, run-ends' `totals.gpu_s`: wall time from the "
-              "process's start, model load included, times its devices; interleaved rungs split their process's evenly) — the "
-              f"number the ceiling judges (the verdict's cost: {_s(cost['recorded_gpu_s'])}).",
-              "- model load: run-ends' `totals.load_gpu_s`; oracle probes: each oracle entry's `gpu_s`.",
-              "- steps: from the end of the load to the end of the last window, cut at each window's recorded `elapsed_s` "
-              f"(process clock); they include the window entries' own ledger writes ({cost['ledger_writes_gpu_s']:.3f} in all), "
-              "evaluation windows and saves.",
-              "- teardown: run-end `wall_s` minus the last window's `elapsed_s`."]
+    lines += [
+        "",
+        "How the parts are read from the ledger:",
+        "- total: each process's recorded device time (gate entries' `gpu_s`, run-ends' `totals.gpu_s`: wall time from the "
+        "process's start, model load included, times its devices; interleaved rungs split their process's evenly) — the "
+        f"number the ceiling judges (the verdict's cost: {_s(cost['recorded_gpu_s'])}).",
+        "- model load: run-ends' `totals.load_gpu_s`; oracle probes: each oracle entry's `gpu_s`.",
+        "- steps: from the end of the load to the end of the last window, cut at each window's recorded `elapsed_s` "
+        f"(process clock); they include the window entries' own ledger writes ({cost['ledger_writes_gpu_s']:.3f} in all), "
+        "evaluation windows and saves.",
+        "- teardown: run-end `wall_s` minus the last window's `elapsed_s`.",
+    ]
     if "timestamps" in cost["start_from"]:
-        lines.append("- start (process start to the model load): **not recorded** by this ledger's run-ends (no `load_start_s`); "
-                     "derived from the ledger's timestamps: the process started at each window's timestamp minus its `elapsed_s`, "
-                     "and the start is counted up to the `run-start` entry. The runner's construction between that entry and the "
-                     "load (the workload's imports) is recorded nowhere and falls into the first warm-up window.")
+        lines.append(
+            "- start (process start to the model load): **not recorded** by this ledger's run-ends (no `load_start_s`); "
+            "derived from the ledger's timestamps: the process started at each window's timestamp minus its `elapsed_s`, "
+            "and the start is counted up to the `run-start` entry. The runner's construction between that entry and the "
+            "load (the workload's imports) is recorded nowhere and falls into the first warm-up window."
+        )
     if "recorded" in cost["start_from"]:
         lines.append("- start (process start to the model load): run-ends' `totals.load_start_s`.")
-    lines.append("- not counted by the engine (and so not here): the interpreter's start before a process's clock, its exit "
-                 "after its run-end, and the ladder's own time between processes.")
+    lines.append(
+        "- not counted by the engine (and so not here): the interpreter's start before a process's clock, its exit "
+        "after its run-end, and the ladder's own time between processes."
+    )
     lines += [f"- {note}" for note in cost["notes"]]
     lines.append("")
     if image:
@@ -360,7 +447,7 @@ def cost_markdown(cost: dict[str, Any], image: str | None = None) -> list[str]:
 
 def plot_cost_split(costs: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
     """One stacked horizontal bar per registration, its parts in PARTS order, the ceiling as a dashed line."""
-    from engine.report import _plt
+    from engine.report.report import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.7 * len(costs)))
@@ -372,13 +459,22 @@ def plot_cost_split(costs: list[tuple[str, dict[str, Any]]], path: Path) -> bool
             value = cost["split"].get(name, 0.0)
             if value <= 0:
                 continue
-            ax.barh([row], [value], left=left, color=COLOURS[name], edgecolor="white", height=0.6,
-                    label=PARTS[name] if name not in labelled else None)
+            ax.barh(
+                [row],
+                [value],
+                left=left,
+                color=COLOURS[name],
+                edgecolor="white",
+                height=0.6,
+                label=PARTS[name] if name not in labelled else None,
+            )
             if value >= 0.08 * max(cost["ceiling_gpu_s"], cost["gpu_s"]):
                 ax.text(left + value / 2, row, f"{value:.0f}", ha="center", va="center", fontsize=7, color="white")
             labelled.add(name)
             left += value
-        ax.text(left, row, f"  {left:.0f} s ({100 * left / cost['ceiling_gpu_s']:.0f}% of ceiling)", va="center", fontsize=8)
+        ax.text(
+            left, row, f"  {left:.0f} s ({100 * left / cost['ceiling_gpu_s']:.0f}% of ceiling)", va="center", fontsize=8
+        )
         widest = max(widest, left, cost["ceiling_gpu_s"])
     ceilings = sorted({c["ceiling_gpu_s"] for _, c in costs})
     for ceiling in ceilings:
@@ -405,7 +501,9 @@ PROSE_KEYS = {"id", "title", "notes", "source", "out_of_scope"}
 
 def _substance(value: Any, top: bool = True) -> Any:
     if isinstance(value, dict):
-        return {k: _substance(v, False) for k, v in value.items() if k not in (PROSE_KEYS if top else {"title", "notes"})}
+        return {
+            k: _substance(v, False) for k, v in value.items() if k not in (PROSE_KEYS if top else {"title", "notes"})
+        }
     if isinstance(value, list):
         return [_substance(v, False) for v in value]
     return value
@@ -426,7 +524,11 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
             return [f"{path} ({len(a)} vs {len(b)} entries)"]
         out = []
         for index, (x, y) in enumerate(zip(a, b)):
-            name = x.get("id") if isinstance(x, dict) and x.get("id") == (y.get("id") if isinstance(y, dict) else None) else index
+            name = (
+                x.get("id")
+                if isinstance(x, dict) and x.get("id") == (y.get("id") if isinstance(y, dict) else None)
+                else index
+            )
             out.extend(_differences(x, y, f"{path}.{name}" if not isinstance(name, int) else f"{path}[{name}]"))
         return out
     return [] if a == b else [path]
@@ -455,43 +557,80 @@ def compare_schedules(ledger: Ledger, first_id: str, second_id: str) -> dict[str
     """Both registrations' cost splits and verdicts, side by side; InvalidInput (exit 2) unless they ask the same
     question. Reads only: the verdicts are computed, not recorded."""
     if first_id == second_id:
-        raise InvalidInput(f"--compare names {first_id} itself", fix="name the other schedule's registration of the same question")
+        raise InvalidInput(
+            f"--compare names {first_id} itself", fix="name the other schedule's registration of the same question"
+        )
     first, second = load_state(ledger, first_id, with_windows=False), load_state(ledger, second_id, with_windows=False)
     differing = same_question(first, second)
     if differing:
         shown = ", ".join(differing[:12]) + (f", … ({len(differing)} in all)" if len(differing) > 12 else "")
-        raise InvalidInput(f"{first_id} and {second_id} do not ask the same question: they differ in {shown}",
-                           where=f"prereg report {first_id} --compare {second_id}",
-                           fix="compare two registrations that differ only in protocol.schedule (and prose: id, title, notes, source)")
+        raise InvalidInput(
+            f"{first_id} and {second_id} do not ask the same question: they differ in {shown}",
+            where=f"prereg report {first_id} --compare {second_id}",
+            fix="compare two registrations that differ only in protocol.schedule (and prose: id, title, notes, source)",
+        )
     sides = []
     for state in (first, second):
         verdict = compute_verdict(ledger, state.reg_id)
         cost = ladder_cost(ledger, state.reg_id, state)
         name, value = _primary(verdict)
-        sides.append({
-            "id": state.reg_id, "schedule": state.registration().protocol.schedule, "cost": cost,
-            "outcome": verdict["outcome"], "rule": verdict["rule"], "land": verdict["land"], "park": verdict["park"],
-            "dropped": sorted(verdict["dropped"]), "reads": verdict["reads"], "intervals": verdict["intervals"],
-            "undefined": verdict["undefined"], "primary": {"read": name, "value": value, "interval": verdict["intervals"].get(name)},
-            "rungs": {r["rung"]: {"status": r["status"], "s_per_step": r["summary"].get("s_per_step")} for r in verdict["rungs"]},
-        })
+        sides.append(
+            {
+                "id": state.reg_id,
+                "schedule": state.registration().protocol.schedule,
+                "cost": cost,
+                "outcome": verdict["outcome"],
+                "rule": verdict["rule"],
+                "land": verdict["land"],
+                "park": verdict["park"],
+                "dropped": sorted(verdict["dropped"]),
+                "reads": verdict["reads"],
+                "intervals": verdict["intervals"],
+                "undefined": verdict["undefined"],
+                "primary": {"read": name, "value": value, "interval": verdict["intervals"].get(name)},
+                "rungs": {
+                    r["rung"]: {"status": r["status"], "s_per_step": r["summary"].get("s_per_step")}
+                    for r in verdict["rungs"]
+                },
+            }
+        )
     a, b = sides
     decided = a["outcome"] is not None and b["outcome"] is not None
-    same = decided and (a["outcome"], a["rule"], sorted(a["land"]), sorted(a["park"])) == (b["outcome"], b["rule"], sorted(b["land"]), sorted(b["park"]))
-    return {"registrations": [first_id, second_id], "sides": sides, "same_verdict": same if decided else None,
-            "why": None if decided else "a verdict is not reached yet: " + ", ".join(s["id"] for s in sides if s["outcome"] is None)}
+    same = decided and (a["outcome"], a["rule"], sorted(a["land"]), sorted(a["park"])) == (
+        b["outcome"],
+        b["rule"],
+        sorted(b["land"]),
+        sorted(b["park"]),
+    )
+    return {
+        "registrations": [first_id, second_id],
+        "sides": sides,
+        "same_verdict": same if decided else None,
+        "why": None
+        if decided
+        else "a verdict is not reached yet: " + ", ".join(s["id"] for s in sides if s["outcome"] is None),
+    }
 
 
 def compare_markdown(comparison: dict[str, Any], image: str | None = None) -> list[str]:
     a, b = comparison["sides"]
     head = f"| | {a['id']} ({a['schedule']}) | {b['id']} ({b['schedule']}) |"
-    lines = ["## Same question, two schedules", "",
-             f"{a['id']} and {b['id']} ask the same question (every item, oracle, bound, rung, read, rule, kill line and expectation "
-             f"equal); they differ at most in `protocol.schedule` (here: {a['schedule']} vs {b['schedule']}) and in prose.", "",
-             "Device-seconds:", "", head, "|---|---|---|"]
+    lines = [
+        "## Same question, two schedules",
+        "",
+        f"{a['id']} and {b['id']} ask the same question (every item, oracle, bound, rung, read, rule, kill line and expectation "
+        f"equal); they differ at most in `protocol.schedule` (here: {a['schedule']} vs {b['schedule']}) and in prose.",
+        "",
+        "Device-seconds:",
+        "",
+        head,
+        "|---|---|---|",
+    ]
     for name in PARTS:
         if name in a["cost"]["split"] or name in b["cost"]["split"]:
-            lines.append(f"| {PARTS[name]} | {_s(a['cost']['split'].get(name, 0.0))} | {_s(b['cost']['split'].get(name, 0.0))} |")
+            lines.append(
+                f"| {PARTS[name]} | {_s(a['cost']['split'].get(name, 0.0))} | {_s(b['cost']['split'].get(name, 0.0))} |"
+            )
 
     def total(side: dict[str, Any]) -> str:
         cost = side["cost"]
@@ -510,22 +649,51 @@ def compare_markdown(comparison: dict[str, Any], image: str | None = None) -> li
         return f"**{side['outcome']}** (rule {side['rule']})" if side["outcome"] else "no rule fired"
 
     lines.append(f"| **total** (of the ceiling) | {total(a)} | {total(b)} |")
-    lines.append(f"| rung processes (a model load each) | {a['cost']['rung_processes']} | {b['cost']['rung_processes']} |")
+    lines.append(
+        f"| rung processes (a model load each) | {a['cost']['rung_processes']} | {b['cost']['rung_processes']} |"
+    )
     for rung in a["rungs"]:
         values = [s["rungs"].get(rung, {}) for s in (a, b)]
-        lines.append(f"| rung {rung} s/step (median of read windows) | " + " | ".join(
-            f"{v['s_per_step']:.4g}" if isinstance(v.get("s_per_step"), (int, float)) else (v.get("status") or "not run") for v in values) + " |")
-    lines.append(f"| primary read{' (`' + a['primary']['read'] + '`)' if a['primary']['read'] else ''} [95% interval] | {primary(a)} | {primary(b)} |")
+        lines.append(
+            f"| rung {rung} s/step (median of read windows) | "
+            + " | ".join(
+                f"{v['s_per_step']:.4g}"
+                if isinstance(v.get("s_per_step"), (int, float))
+                else (v.get("status") or "not run")
+                for v in values
+            )
+            + " |"
+        )
+    lines.append(
+        f"| primary read{' (`' + a['primary']['read'] + '`)' if a['primary']['read'] else ''} [95% interval] | {primary(a)} | {primary(b)} |"
+    )
     lines.append(f"| verdict | {verdict(a)} | {verdict(b)} |")
-    lines.append(f"| land / park | {', '.join(a['land']) or '—'} / {', '.join(a['park']) or '—'} | {', '.join(b['land']) or '—'} / {', '.join(b['park']) or '—'} |")
-    lines.append(f"| dropped by the gate or a kill | {', '.join(a['dropped']) or '—'} | {', '.join(b['dropped']) or '—'} |")
+    lines.append(
+        f"| land / park | {', '.join(a['land']) or '—'} / {', '.join(a['park']) or '—'} | {', '.join(b['land']) or '—'} / {', '.join(b['park']) or '—'} |"
+    )
+    lines.append(
+        f"| dropped by the gate or a kill | {', '.join(a['dropped']) or '—'} | {', '.join(b['dropped']) or '—'} |"
+    )
     same = comparison["same_verdict"]
-    lines += ["", ("**Both reach the same verdict**" if same else "**The verdicts differ**" if same is False else f"**Not comparable yet**: {comparison['why']}")
-              + (f" ({a['outcome']} by rule {a['rule']})." if same else "." if same is False else ""), ""]
+    lines += [
+        "",
+        (
+            "**Both reach the same verdict**"
+            if same
+            else "**The verdicts differ**"
+            if same is False
+            else f"**Not comparable yet**: {comparison['why']}"
+        )
+        + (f" ({a['outcome']} by rule {a['rule']})." if same else "." if same is False else ""),
+        "",
+    ]
     saved = a["cost"]["gpu_s"] - b["cost"]["gpu_s"]
     if a["cost"]["gpu_s"] and b["cost"]["gpu_s"]:  # a ladder that has not run saves nothing: no sentence
-        lines += [f"{b['id']} cost {_s(abs(saved))} device-seconds {'less' if saved >= 0 else 'more'} than {a['id']} "
-                  f"({_pct(abs(saved), a['cost']['gpu_s'])} of {a['id']}'s total).", ""]
+        lines += [
+            f"{b['id']} cost {_s(abs(saved))} device-seconds {'less' if saved >= 0 else 'more'} than {a['id']} "
+            f"({_pct(abs(saved), a['cost']['gpu_s'])} of {a['id']}'s total).",
+            "",
+        ]
     if image:
         lines += [f"![cost split of both schedules]({image})", ""]
     return lines

@@ -17,21 +17,27 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from engine.molmo2.ar import ar_greedy_decode
-from engine.molmo2.collate import Collator, make_fast_tokenizer
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.distributed import (OPTIMIZER_STATE, describe, make_gradient_sync, optimizer_factory, save_training_state,
-                                       with_global_loss_tokens)
-from engine.molmo2.execution import Execution
-from engine.molmo2.memory_snapshot import MemoryInstrument
-from engine.molmo2.fast import FastDecodeError
-from engine.molmo2.model import Molmo2Model, init_weights
-from engine.molmo2.packing import pack
-from engine.molmo2.processor import ImageGeometry
-from engine.molmo2.prompt import ByteTokenizer, TokenLayout, parse_suffix
-from engine.molmo2.rig import RigDataset
+from engine.memory.snapshot import MemoryInstrument
+from engine.molmo2.attention.execution import Execution
+from engine.molmo2.attention.packing import pack
+from engine.molmo2.data.collate import Collator, make_fast_tokenizer
+from engine.molmo2.data.fast import FastDecodeError
+from engine.molmo2.data.processor import ImageGeometry
+from engine.molmo2.data.prompt import ByteTokenizer, TokenLayout, parse_suffix
+from engine.molmo2.data.rig import RigDataset
+from engine.molmo2.model.ar import ar_greedy_decode
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import Molmo2Model, init_weights
 from engine.molmo2.switches import HEAD, Switches
-from engine.molmo2.train import Step, TrainConfig, Trainer, prepare_step
+from engine.molmo2.train.distributed import (
+    OPTIMIZER_STATE,
+    describe,
+    make_gradient_sync,
+    optimizer_factory,
+    save_training_state,
+    with_global_loss_tokens,
+)
+from engine.molmo2.train.step import Step, TrainConfig, Trainer, prepare_step
 from engine.workload import MEMORY_DIR_VARIABLE, Ranks
 from prereg.workload import Profile
 
@@ -85,7 +91,9 @@ def train_config(config: dict[str, Any]) -> TrainConfig:
 class Molmo2Runner:
     def __init__(self, profile: Profile, config: dict[str, Any], seed: int):
         if profile.geometry not in GEOMETRIES:
-            raise ValueError(f"profile {profile.name}: geometry {profile.geometry!r} is not one of {sorted(GEOMETRIES)}")
+            raise ValueError(
+                f"profile {profile.name}: geometry {profile.geometry!r} is not one of {sorted(GEOMETRIES)}"
+            )
         self.profile = profile
         self.run_config = config
         self.seed = seed
@@ -109,8 +117,10 @@ class Molmo2Runner:
         # at most 127 tail tokens a row (~1% of a 4B step's). The default is the padded rows' multiple.
         self.pack_multiple = config.get("pack_multiple")
         if self.pack_multiple is not None and (not self.pack or int(self.pack_multiple) < 1):
-            raise ValueError(f"pack_multiple = {self.pack_multiple!r}: needs pack = true and a positive length multiple "
-                             f"(e.g. 16 or 128); remove it to keep the default")
+            raise ValueError(
+                f"pack_multiple = {self.pack_multiple!r}: needs pack = true and a positive length multiple "
+                f"(e.g. 16 or 128); remove it to keep the default"
+            )
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
                                    suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
                                    dynamic=config.get("compile_dynamic", False),
@@ -118,10 +128,12 @@ class Molmo2Runner:
                                    pack_one_pass=config.get("pack_one_pass", False))  # fmt: skip
         for key in ("pack_attention", "pack_one_pass"):
             if key in config and not self.pack:
-                raise ValueError(f"{key} = {config[key]!r} needs pack = true: it says how a packed chunk is computed; "
-                                 f"remove it or set pack = true")
+                raise ValueError(
+                    f"{key} = {config[key]!r} needs pack = true: it says how a packed chunk is computed; "
+                    f"remove it or set pack = true"
+                )
         if self.execution.pack_attention == "varlen-cudnn" and self.device.type == "cuda":
-            from engine.molmo2.cudnn_attention import cudnn_frontend
+            from engine.molmo2.attention.cudnn import cudnn_frontend
 
             cudnn_frontend()  # a missing package is a config error now, not a failure in the first step
         for key in ("prefix_attention", "suffix_attention"):
@@ -134,7 +146,9 @@ class Molmo2Runner:
         self.parallel = describe(config, self.ranks.world_size)
         # seed 003's BIJOU_MEM_SNAPSHOT as run config: allocation history from load, a snapshot after the first
         # window and at an out-of-memory (refused on a CPU profile, by the instrument)
-        self.memory = MemoryInstrument.from_config(config, self.device, os.environ.get(MEMORY_DIR_VARIABLE, "reports/memory"))
+        self.memory = MemoryInstrument.from_config(
+            config, self.device, os.environ.get(MEMORY_DIR_VARIABLE, "reports/memory")
+        )
         self._initial: dict[str, torch.Tensor] | None = None
         self.trainer: Trainer | None = None
         self.switches = HEAD
@@ -151,12 +165,21 @@ class Molmo2Runner:
         torch.manual_seed(self.seed)
         self.config = Molmo2Config.named(self.geometry.model)
         self.layout = self.geometry.layout(self.config)
-        self.fast = make_fast_tokenizer(self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size)
+        self.fast = make_fast_tokenizer(
+            self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size
+        )
         self.collator = Collator(self.layout, self.fast, ByteTokenizer.for_layout(self.layout), self.geometry.image_geometry(),
                                  self.max_crops, pad_multiple=COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1))  # fmt: skip
-        data = RigDataset(self.seed, self.geometry.episodes, camera_counts=self.camera_counts, image_size=self.geometry.image_size)
-        self.eval_data = RigDataset(self.seed, self.geometry.eval_samples, camera_counts=self.camera_counts,
-                                    image_size=self.geometry.image_size, split="eval")
+        data = RigDataset(
+            self.seed, self.geometry.episodes, camera_counts=self.camera_counts, image_size=self.geometry.image_size
+        )
+        self.eval_data = RigDataset(
+            self.seed,
+            self.geometry.eval_samples,
+            camera_counts=self.camera_counts,
+            image_size=self.geometry.image_size,
+            split="eval",
+        )
         self.train_data = data
         self.pool = with_global_loss_tokens(self._prepare_pool(data), self.ranks)
         self.probe_step = self.pool[0]
@@ -168,9 +191,13 @@ class Molmo2Runner:
         self.model.to_empty(device=self.device)
         init_weights(self.model, self.seed)
         self.model.set_execution(self.execution)
-        self.trainer = Trainer(self.model, self.train_config, self.device,
-                               sync=make_gradient_sync(self.model, self.run_config, self.device, self.ranks),
-                               optimizer_factory=optimizer_factory(self.run_config, self.ranks.world_size))
+        self.trainer = Trainer(
+            self.model,
+            self.train_config,
+            self.device,
+            sync=make_gradient_sync(self.model, self.run_config, self.device, self.ranks),
+            optimizer_factory=optimizer_factory(self.run_config, self.ranks.world_size),
+        )
         self.cursor = 0
 
     def _prepare_pool(self, data: RigDataset) -> list[Step]:
@@ -184,7 +211,10 @@ class Molmo2Runner:
         indices = [i % len(data) for i in range(steps * batch * world)]
         if self.bucket_by_length:
             indices.sort(key=lambda i: data.scene(i).n_cameras)  # stable: episode order within a count
-        return [self._prepare(data, indices[(k * world + rank) * batch: (k * world + rank + 1) * batch]) for k in range(steps)]
+        return [
+            self._prepare(data, indices[(k * world + rank) * batch : (k * world + rank + 1) * batch])
+            for k in range(steps)
+        ]
 
     def _prepare(self, data: RigDataset, indices: list[int]) -> Step:
         size = self.train_config.chunk_size
@@ -195,7 +225,7 @@ class Molmo2Runner:
             # pads to a two-camera prefix. Chunk sizes then vary; the loss is normalised by the step's token
             # count, so the step's gradient is the same however it is chunked.
             groups = [[s for s in samples if s.n_cameras == n] for n in sorted({s.n_cameras for s in samples})]
-        chunks = [self.collator(group[k: k + size]) for group in groups for k in range(0, len(group), size)]
+        chunks = [self.collator(group[k : k + size]) for group in groups for k in range(0, len(group), size)]
         if self.pack:
             multiple = COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
             if self.pack_multiple is not None:
@@ -230,14 +260,18 @@ class Molmo2Runner:
         batch = self.collator(samples).to(self.device)
         self.model.eval()
         with torch.no_grad():
-            ids = ar_greedy_decode(self.model, batch.prefix, batch.suffix.input_ids[:, :1], self.geometry.decode_tokens, self.layout.end_id)
+            ids = ar_greedy_decode(
+                self.model, batch.prefix, batch.suffix.input_ids[:, :1], self.geometry.decode_tokens, self.layout.end_id
+            )
         self.model.train()
         return ids.tolist()
 
     def decode_plan(self) -> torch.Tensor:
         """The pinned small eval plan of the decode byte-match probe: the first two held-out episodes."""
         samples = [self.eval_data.sample(i) for i in range(2)]
-        return torch.tensor([row + [self.layout.end_id] * (self.geometry.decode_tokens - len(row)) for row in self.decode(samples)])
+        return torch.tensor(
+            [row + [self.layout.end_id] * (self.geometry.decode_tokens - len(row)) for row in self.decode(samples)]
+        )
 
     def evaluate(self) -> dict[str, float]:
         """Greedy-decoded action error on held-out episodes (seed 003's probe: chunk MAE and first-action MAE)."""
@@ -265,13 +299,18 @@ class Molmo2Runner:
                 failures += 1
             chunk_errors.append(float(np.abs(predicted - truth).mean()))
             first_errors.append(float(np.abs(predicted[0] - truth[0]).mean()))
-        return {"probe_chunk_mae": statistics.fmean(chunk_errors), "probe_first_mae": statistics.fmean(first_errors),
-                "probe_decode_failures": failures, "probe_decode_partial": partial, "probe_samples": len(samples)}
+        return {
+            "probe_chunk_mae": statistics.fmean(chunk_errors),
+            "probe_first_mae": statistics.fmean(first_errors),
+            "probe_decode_failures": failures,
+            "probe_decode_partial": partial,
+            "probe_samples": len(samples),
+        }
 
     def save(self, directory: str) -> None:
         """The weights (rank 0) and the consolidated optimizer state; every rank calls it (ZeRO-1 consolidates
         with a collective)."""
-        from engine.molmo2.checkpoint import write_checkpoint
+        from engine.molmo2.model.checkpoint import write_checkpoint
 
         if self.ranks.writer:
             write_checkpoint(self.model, self.config, directory)

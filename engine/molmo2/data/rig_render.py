@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.molmo2.rig import RigScene
+    from engine.molmo2.data.rig import RigScene
 
 # Block colours by the name the instruction uses.
 COLOURS = {
@@ -69,8 +69,8 @@ def render_frame(
             half = (_BLOCK_HALF_LENGTH * abs(math.cos(theta)) + _BLOCK_HALF_WIDTH * abs(math.sin(theta))) * depth
             col = (block.x + 1.0) / 2.0 * (width - 1)
             bottom = table_row - (held_height if block is scene.target else 0.0) * _SIDE_Z_SPAN * (height - 1)
-            mask = (np.abs(cols - col) <= half * unit) & (rows <= bottom) & (
-                rows >= bottom - _BLOCK_HEIGHT * depth * unit
+            mask = (
+                (np.abs(cols - col) <= half * unit) & (rows <= bottom) & (rows >= bottom - _BLOCK_HEIGHT * depth * unit)
             )
             image[mask] = COLOURS[block.colour]
         depth = _depth_scale(state[1])

@@ -17,7 +17,7 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
 - compile: each decoder block is wrapped in torch.compile, and so is the frozen vision tower. The blocks share one
   code object, so one compiled graph serves all of them per input shape; the norms, RoPE, the SwiGLU and the
   residual adds fuse. Shapes are specialised (each new one compiles once, 10-30 s at 4B on an H200), so compiled
-  runs pad to multiples of 16 (engine/molmo2/workload.py).
+  runs pad to multiples of 16 (engine/molmo2/runner.py).
 - pack_attention (with pack, packing.py): where a packed chunk attends. "packed" (the default): on the packed row,
   under block masks that keep each sample to itself. "rows": on one row per sample, gathered from the packed row
   and back, under the padded chunk's own masks; the matmuls stay packed. Measured on the H200, the packed row's

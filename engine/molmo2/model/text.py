@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from engine.molmo2.config import Molmo2Config, TextConfig
-from engine.molmo2.segments import Segments, attend_segments
+from engine.molmo2.attention.segments import Segments, attend_segments
+from engine.molmo2.model.config import Molmo2Config, TextConfig
 
 # The dispatcher list HEAD pins for decoder attention (seed 000, P1 site: [FLASH, EFFICIENT, MATH]), in this
 # priority order. A dense mask rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
@@ -190,9 +190,7 @@ class DecoderBlock(nn.Module):
         _, k, v = self.self_attn.project(self.attn_norm(x), rope)
         return k, v
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, mask: Mask, past: KV | None = None
-    ) -> tuple[torch.Tensor, KV]:
+    def forward(self, x: torch.Tensor, rope: Rope, mask: Mask, past: KV | None = None) -> tuple[torch.Tensor, KV]:
         """x: [B, S, hidden]; `past` holds earlier positions' K/V, which x's queries also see through `mask`
         ([B, 1, S, past_len + S], True = may attend). Returns the new x and this layer's K/V of x alone."""
         q, k, v = self.self_attn.project(self.attn_norm(x), rope)

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.model import positions_from_mask
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.model import positions_from_mask
 
 
 def transformers_config(config: Molmo2Config, attention: str = "eager"):
@@ -60,11 +60,16 @@ def transformers_inputs(batch: ARBatch, config: Molmo2Config) -> dict[str, Any]:
     attention_mask = torch.cat([p.attention_mask, s.attention_mask], dim=1)
     # transformers shifts labels by one inside its loss: the label of position j is the token at j + 1.
     shifted = torch.full_like(input_ids, IGNORE_INDEX)
-    shifted[:, p.input_ids.shape[1]: p.input_ids.shape[1] + s.labels.shape[1]] = labels
+    shifted[:, p.input_ids.shape[1] : p.input_ids.shape[1] + s.labels.shape[1]] = labels
     shifted = torch.roll(shifted, 1, dims=1)
     return dict(
-        input_ids=input_ids, attention_mask=attention_mask.long(),
+        input_ids=input_ids,
+        attention_mask=attention_mask.long(),
         mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(s.input_ids)], dim=1),
-        pixel_values=p.pixel_values, image_token_pooling=p.image_token_pooling, image_grids=p.image_grids,
-        image_num_crops=p.image_num_crops, position_ids=positions_from_mask(attention_mask), labels=shifted,
+        pixel_values=p.pixel_values,
+        image_token_pooling=p.image_token_pooling,
+        image_grids=p.image_grids,
+        image_num_crops=p.image_num_crops,
+        position_ids=positions_from_mask(attention_mask),
+        labels=shifted,
     )

@@ -32,11 +32,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
-from engine.molmo2.fast import FastTokenizer
-from engine.molmo2.processor import ImageGeometry, ProcessedImage, batch_images, image_token_ids, process_image
-from engine.molmo2.prompt import TextTokenizer, TokenLayout, assemble_prompt, assemble_suffix
-from engine.molmo2.rig import STATE_DIM, RigDataset, RigSample
+from engine.molmo2.data.fast import FastTokenizer
+from engine.molmo2.data.processor import ImageGeometry, ProcessedImage, batch_images, image_token_ids, process_image
+from engine.molmo2.data.prompt import TextTokenizer, TokenLayout, assemble_prompt, assemble_suffix
+from engine.molmo2.data.rig import STATE_DIM, RigDataset, RigSample
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,10 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from engine.molmo2.ar import ar_forward, set_ar_trainable
-from engine.molmo2.batch import ARBatch
-from engine.molmo2.model import Molmo2Model
-from engine.molmo2.train import ADAM_BETAS, GradientSync, OptimizerFactory, Step, TrainConfig, Trainer, adamw
+from engine.molmo2.model.ar import ar_forward, set_ar_trainable
+from engine.molmo2.model.batch import ARBatch
+from engine.molmo2.model.model import Molmo2Model
+from engine.molmo2.train.step import ADAM_BETAS, GradientSync, OptimizerFactory, Step, TrainConfig, Trainer, adamw
 from engine.workload import Ranks
 
 GRAD_SYNC_MODES = {
@@ -73,8 +73,10 @@ def grad_sync_mode(config: Mapping[str, Any], world_size: int) -> str:
         return "allreduce" if wrapper is False else "ddp+allreduce"
     if ddp:
         return "ddp"
-    raise ValueError(f"a rung of {world_size} processes needs a gradient sync; set ddp = true, or chunk_grad_allreduce = "
-                     "true (with ddp_wrapper = true | false)")
+    raise ValueError(
+        f"a rung of {world_size} processes needs a gradient sync; set ddp = true, or chunk_grad_allreduce = "
+        "true (with ddp_wrapper = true | false)"
+    )
 
 
 class ARForward(nn.Module):
@@ -109,7 +111,9 @@ def allreduce_gradients_(params: list[nn.Parameter]) -> None:
         work.wait()
 
 
-def sum_allreduce_hook(state, bucket):  # no annotations: DDP compares them to dist.GradBucket, and they are strings here
+def sum_allreduce_hook(
+    state, bucket
+):  # no annotations: DDP compares them to dist.GradBucket, and they are strings here
     """DDP's reducer with SUM instead of its default average (our losses are already over the global count)."""
     future = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, async_op=True).get_future()
     return future.then(lambda done: done.value()[0])
@@ -161,15 +165,18 @@ class DataParallelSync(GradientSync):
         return peaks[:n], sums[:n], sums[n:], dict(zip(keys, peaks[n:]))
 
 
-def make_gradient_sync(model: Molmo2Model, config: Mapping[str, Any], device: torch.device, ranks: Ranks) -> GradientSync:
+def make_gradient_sync(
+    model: Molmo2Model, config: Mapping[str, Any], device: torch.device, ranks: Ranks
+) -> GradientSync:
     mode = grad_sync_mode(config, ranks.world_size)
     return GradientSync() if mode == "none" else DataParallelSync(model, mode, device, ranks)
 
 
 def zero_adamw(groups: list[dict[str, Any]], config: TrainConfig, fused: bool) -> ZeroRedundancyOptimizer:
     """ZeRO-1: AdamW with exactly `adamw`'s settings and groups, each rank holding its shard's state."""
-    return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, betas=ADAM_BETAS,
-                                   weight_decay=config.weight_decay, fused=fused)
+    return ZeroRedundancyOptimizer(
+        groups, optimizer_class=torch.optim.AdamW, betas=ADAM_BETAS, weight_decay=config.weight_decay, fused=fused
+    )
 
 
 def optimizer_factory(config: Mapping[str, Any], world_size: int) -> OptimizerFactory:
@@ -192,6 +199,7 @@ def describe(config: Mapping[str, Any], world_size: int) -> dict[str, Any]:
 
 
 # ---- optimizer checkpoints ----
+
 
 def consolidated_optimizer_state(optimizer: torch.optim.Optimizer, ranks: Ranks) -> dict[str, Any] | None:
     """The whole optimizer's state on rank 0 (None elsewhere), in plain AdamW's state_dict format. A collective
@@ -217,8 +225,10 @@ def load_training_state(path: str) -> dict[str, Any]:
 def resume_sharded(trainer: Trainer, state: dict[str, Any]) -> None:
     """A consolidated state into a ZeRO-1 trainer: each rank keeps the Adam state of its own shard."""
     if not isinstance(trainer.optimizer, ZeroRedundancyOptimizer):
-        raise ValueError(f"resume_sharded needs a ZeroRedundancyOptimizer, not {type(trainer.optimizer).__name__}; "
-                         "use resume_unsharded")
+        raise ValueError(
+            f"resume_sharded needs a ZeroRedundancyOptimizer, not {type(trainer.optimizer).__name__}; "
+            "use resume_unsharded"
+        )
     # ZeRO blanks the other ranks' entries of the dict it loads; the optimizer must not alias the caller's tensors.
     trainer.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
     trainer.steps_done = int(state["steps_done"])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.molmo2.packing import Packing
+    from engine.molmo2.attention.packing import Packing
 
 
 @dataclass(frozen=True)
@@ -75,5 +75,10 @@ class ARBatch:
         def move(obj):
             return type(obj)(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(obj).items()})
 
-        return ARBatch(prefix=move(self.prefix), suffix=move(self.suffix), actions=self.actions.to(device), n_cameras=self.n_cameras,
-                       packing=None if self.packing is None else self.packing.to(device))
+        return ARBatch(
+            prefix=move(self.prefix),
+            suffix=move(self.suffix),
+            actions=self.actions.to(device),
+            n_cameras=self.n_cameras,
+            packing=None if self.packing is None else self.packing.to(device),
+        )

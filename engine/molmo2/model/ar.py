@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
-from engine.molmo2.model import KVCache, Molmo2Model, greedy_decode
-from engine.molmo2.packing import Packing
+from engine.molmo2.attention.packing import Packing
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
+from engine.molmo2.model.model import KVCache, Molmo2Model, greedy_decode
+from engine.molmo2.model.text import HEAD_BACKENDS, backends_context
 from engine.molmo2.switches import Switches
-from engine.molmo2.text import HEAD_BACKENDS, backends_context
 
 # Trainable under the AR recipe (seed 003: "trainable = fast_embed + fresh untied fast_head rows + decoder blocks
 # + ln_f + state_proj; frozen = wte (both matrices) + shipped lm_head"; the vision tower is frozen too).
@@ -66,7 +66,9 @@ def encode_prefix(model: Molmo2Model, prefix: PrefixInputs, packing: Packing | N
     return cache
 
 
-def forward_suffix(model: Molmo2Model, suffix: SuffixInputs, cache: KVCache, packing: Packing | None = None) -> torch.Tensor:
+def forward_suffix(
+    model: Molmo2Model, suffix: SuffixInputs, cache: KVCache, packing: Packing | None = None
+) -> torch.Tensor:
     """Suffix logits [B, T, logits_width]: each suffix token attends to the real prefix positions and causally
     to the real suffix positions, through a dense [B, 1, T, P + T] mask — the P1 site."""
     with backends_context(suffix_backends(model.training, model.switches)):

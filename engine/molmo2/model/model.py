@@ -14,13 +14,28 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from engine.molmo2.batch import PrefixInputs, positions_from_mask
-from engine.molmo2.config import Molmo2Config
-from engine.molmo2.execution import EAGER, VARLEN_KERNELS, Execution
-from engine.molmo2.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_block_mask, packed_suffix_mask
+from engine.molmo2.attention.execution import EAGER, VARLEN_KERNELS, Execution
+from engine.molmo2.attention.packing import (
+    Packing,
+    packed_prefix_block_mask,
+    packed_prefix_mask,
+    packed_suffix_block_mask,
+    packed_suffix_mask,
+)
+from engine.molmo2.model.batch import PrefixInputs, positions_from_mask
+from engine.molmo2.model.config import Molmo2Config
+from engine.molmo2.model.text import (
+    HEAD_BACKENDS,
+    KV,
+    DecoderBlock,
+    Mask,
+    RMSNorm,
+    SampleRows,
+    TextModel,
+    backends_context,
+)
+from engine.molmo2.model.vision import VisionBackbone
 from engine.molmo2.switches import HEAD, Switches
-from engine.molmo2.text import HEAD_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, SampleRows, TextModel, backends_context
-from engine.molmo2.vision import VisionBackbone
 
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
 # projection (seeds 003/004). A hub checkpoint lacks them by design; our AR checkpoints carry them.
@@ -92,8 +107,10 @@ class KVCache:
 
     def appended(self, layers: list[KV], attention_mask: torch.Tensor) -> "KVCache":
         return KVCache(
-            layers=tuple((torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
-                         for (k0, v0), (k1, v1) in zip(self.layers, layers, strict=True)),  # fmt: skip
+            layers=tuple(
+                (torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
+                for (k0, v0), (k1, v1) in zip(self.layers, layers, strict=True)
+            ),  # fmt: skip
             key_mask=torch.cat([self.key_mask, attention_mask.bool()], dim=1),
             next_position=self.next_position + attention_mask.long().sum(-1),
         )
@@ -340,7 +357,9 @@ class Molmo2Model(nn.Module):
             inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
             return packing.prefix_pos, SampleRows(rows.prefix_index, rows.prefix_index, rows.prefix_back, inner)
         if packing is not None:
-            return packing.prefix_pos, (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
+            return packing.prefix_pos, (packed_prefix_block_mask if flex else packed_prefix_mask)(
+                packing, mm_token_type_ids
+            )
         mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
         return positions_from_mask(attention_mask), mask
 

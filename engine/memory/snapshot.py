@@ -2,7 +2,7 @@
 torch snapshot pickle at an OOM and, when asked, right after the first optimizer step.
 
 Seed 003's rung-7 instrument (BIJOU_MEM_SNAPSHOT), as a rung config key: the ladder's arithmetic missed
->= 10 GiB for three rungs, the snapshot found it (engine/molmo2/memory_forensics.py reads the pickle). Started
+>= 10 GiB for three rungs, the snapshot found it (engine/memory/forensics.py reads the pickle). Started
 before the model is built, every allocation keeps its stack: parameters from `to_empty`, optimizer state from
 AdamW's `_init_group`, DDP's buckets from the Reducer's constructor, autocast's casts from `cached_cast`.
 
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from engine.molmo2.memory_forensics import ROLES_KEY
+from engine.memory.forensics import ROLES_KEY
 
 CONFIG_KEY = "memory_snapshot"
 
@@ -63,7 +63,9 @@ def _storage_addresses(tensors: Iterable[torch.Tensor], device: torch.device) ->
     return sorted(set(addresses))
 
 
-def tensor_roles(device: torch.device, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def tensor_roles(
+    device: torch.device, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
     """{"device": index, "parameters": [...], "gradients": [...], "optimizer_state": [...]}: storage addresses.
     A storage named by two roles keeps the first (a parameter stays a parameter)."""
     parameters = [] if model is None else [*model.parameters(), *model.buffers()]
@@ -85,8 +87,10 @@ class MemoryInstrument:
 
     def __init__(self, device: torch.device, directory: str | Path, max_entries: int = DEFAULT_MAX_ENTRIES):
         if device.type != "cuda":
-            raise ValueError(f"{CONFIG_KEY} = true needs a CUDA device (it records torch.cuda.memory history); "
-                             f"this run's device is {device.type!r}, allowed: 'cuda'")
+            raise ValueError(
+                f"{CONFIG_KEY} = true needs a CUDA device (it records torch.cuda.memory history); "
+                f"this run's device is {device.type!r}, allowed: 'cuda'"
+            )
         if not torch.cuda.is_available():
             raise ValueError(f"{CONFIG_KEY} = true needs CUDA, and torch.cuda.is_available() is False here")
         if max_entries < 1:
@@ -99,7 +103,9 @@ class MemoryInstrument:
         self.dumped: set[str] = set()
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], device: torch.device, directory: str | Path) -> "MemoryInstrument | None":
+    def from_config(
+        cls, config: dict[str, Any], device: torch.device, directory: str | Path
+    ) -> "MemoryInstrument | None":
         """The instrument a rung config asks for (None when memory_snapshot is false or absent)."""
         return cls(device, directory) if requested(config) else None
 
@@ -107,7 +113,9 @@ class MemoryInstrument:
         # context="all" keeps the stack of every alloc AND free; stacks="all" adds the C++ frames, without which
         # autocast casts, reducer buckets and everything on the autograd thread have no telling frame.
         # The history is process-wide (every device this process touches); the forensics picks the device.
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="all", max_entries=self.max_entries)
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks="all", max_entries=self.max_entries
+        )
         self.recording = True
         return self
 
@@ -118,8 +126,9 @@ class MemoryInstrument:
     def path(self, label: str) -> Path:
         return self.directory / f"rank{self.rank}-{label}.pickle"
 
-    def dump(self, path: str | Path, model: torch.nn.Module | None = None,
-             optimizer: torch.optim.Optimizer | None = None) -> Path:
+    def dump(
+        self, path: str | Path, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None
+    ) -> Path:
         """torch.cuda.memory._snapshot() plus the tensor roles, pickled at `path`."""
         if not self.recording:
             raise ValueError("dump() before start(): the snapshot would carry no allocation history")
@@ -131,8 +140,9 @@ class MemoryInstrument:
             pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
         return path
 
-    def dump_once(self, label: str, model: torch.nn.Module | None = None,
-                  optimizer: torch.optim.Optimizer | None = None) -> Path | None:
+    def dump_once(
+        self, label: str, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None
+    ) -> Path | None:
         """Dump `rank{R}-{label}.pickle` the first time only (e.g. "first-step", right after the first
         optimizer.step(): gradients and optimizer state exist, and the history holds the step's peak)."""
         if label in self.dumped:

@@ -6,7 +6,7 @@ trainables in two groups (decoder-side FAST/state modules at `lr`, the Qwen3 blo
 arrives as `backward_chunks` chunks; each chunk's sum-form loss is divided by the whole step's count of
 loss-bearing tokens before its backward, so the accumulated gradient is the unchunked mean's gradient.
 
-Several ranks (engine.molmo2.distributed) share this one loop through two seams: a `GradientSync` (how the
+Several ranks (engine.molmo2.train.distributed) share this one loop through two seams: a `GradientSync` (how the
 chunks' forward/backward run and how the ranks' gradients meet) and an optimizer factory (AdamW, or ZeRO-1
 over AdamW). With the defaults the step is exactly the single-process step.
 """
@@ -22,10 +22,10 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
-from engine.molmo2.ar import ar_forward, ar_loss_sums, set_ar_trainable
-from engine.molmo2.batch import IGNORE_INDEX, ARBatch
-from engine.molmo2.memory import MemoryMeter
-from engine.molmo2.model import Molmo2Model
+from engine.memory.meter import MemoryMeter
+from engine.molmo2.model.ar import ar_forward, ar_loss_sums, set_ar_trainable
+from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
+from engine.molmo2.model.model import Molmo2Model
 
 # Parameters trained at the decoder learning rate (seed 003: --decoder-lr); the rest of the trainables (the
 # text blocks and ln_f) take --backbone-text-lr.
@@ -44,7 +44,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.backward_chunks < 1 or self.batch % self.backward_chunks:
-            raise ValueError(f"batch = {self.batch} must split evenly into backward_chunks = {self.backward_chunks} chunks")
+            raise ValueError(
+                f"batch = {self.batch} must split evenly into backward_chunks = {self.backward_chunks} chunks"
+            )
         for name in ("lr", "backbone_lr", "grad_clip"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -101,7 +103,7 @@ def make_optimizer(model: Molmo2Model, config: TrainConfig, factory: OptimizerFa
 class GradientSync:
     """How the ranks of a step make its gradient the global batch's. One process has nothing to agree on: this
     base class runs the plain AR forward, no context around the chunks, no reduction — HEAD's step exactly.
-    engine.molmo2.distributed implements the multi-process modes (DDP, explicit allreduce)."""
+    engine.molmo2.train.distributed implements the multi-process modes (DDP, explicit allreduce)."""
 
     world_size = 1
 
@@ -130,8 +132,14 @@ def synchronize(device: torch.device) -> None:
 
 
 class Trainer:
-    def __init__(self, model: Molmo2Model, config: TrainConfig, device: torch.device, sync: GradientSync | None = None,
-                 optimizer_factory: OptimizerFactory = adamw):
+    def __init__(
+        self,
+        model: Molmo2Model,
+        config: TrainConfig,
+        device: torch.device,
+        sync: GradientSync | None = None,
+        optimizer_factory: OptimizerFactory = adamw,
+    ):
         self.model = model
         self.config = config
         self.device = device
@@ -151,7 +159,11 @@ class Trainer:
         """Forward and backward over the step's chunks; the gradients sum to those of the step's mean loss."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = torch.zeros((), device=self.device, dtype=torch.float64 if self.model.lm_head.weight.dtype == torch.float64 else torch.float32)
+        loss = torch.zeros(
+            (),
+            device=self.device,
+            dtype=torch.float64 if self.model.lm_head.weight.dtype == torch.float64 else torch.float32,
+        )
         last = len(step.chunks) - 1
         for index, chunk in enumerate(step.chunks):
             with self.sync.chunk_context(index == last):
@@ -197,7 +209,9 @@ class Trainer:
         grad_norm = self.update()
         return loss, grad_norm
 
-    def window(self, steps: Sequence[Step], windowed_memory: bool, should_stop: Callable[[], bool] = lambda: False) -> dict:
+    def window(
+        self, steps: Sequence[Step], windowed_memory: bool, should_stop: Callable[[], bool] = lambda: False
+    ) -> dict:
         """Run the steps (stopping early if asked between steps) and report the window (DESIGN.md "Windows")."""
         seconds, losses, norms, tokens = [], [], [], []
         for step in steps:
