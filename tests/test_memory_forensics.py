@@ -257,10 +257,10 @@ def test_the_innermost_recognised_frame_decides():
 
 
 def test_top_frame_names_the_deciding_library_frame_then_the_projects_own_code():
-    assert mf.top_frame(STACKS[mf.OPTIMIZER_STATE]) == "adamw.py:10 _init_group <- train.py:10 step"
-    assert mf.top_frame(STACKS[mf.AUTOCAST_COPIES]) == "at::autocast::cached_cast <- train.py:10 accumulate_gradients"
+    assert mf.top_frame(STACKS[mf.OPTIMIZER_STATE]) == "adamw.py:10 _init_group <- step.py:10 step"
+    assert mf.top_frame(STACKS[mf.AUTOCAST_COPIES]) == "at::autocast::cached_cast <- step.py:10 accumulate_gradients"
     assert mf.top_frame(STACKS[mf.ACTIVATIONS]) == "model.py:10 rms_norm"  # the project decided: its innermost frame
-    assert mf.top_frame(STACKS[mf.OTHER]) == "clip_grad.py:10 _get_total_norm <- train.py:10 step"
+    assert mf.top_frame(STACKS[mf.OTHER]) == "clip_grad.py:10 _get_total_norm <- step.py:10 step"
     assert mf.top_frame(STOLEN_GRAD) == "torch::autograd::generated::MmBackward0::apply"  # the node, not the engine
     assert mf.top_frame([MALLOC]) == "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
     assert mf.top_frame([]) == "<no stack recorded>"
