@@ -447,7 +447,7 @@ def test_markdown_table_and_module_entry_point(tmp_path, capsys):
     assert mf.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "allocation history replayed to the peak" in out
-    assert "| parameters | 0.01 | 12.5% | 1 | 0.01 `module.py:10 _apply <- workload.py:10 load` |" in out
+    assert "| parameters | 0.01 | 12.5% | 1 | 0.01 `module.py:10 _apply <- runner.py:10 load` |" in out
     assert "| fragmentation | 0.03 | 50.0% | 0 |  |" in out
     assert out.startswith("`rank0-oom.pickle`")
     data = mf.attribute(mf.load_snapshot(path)).to_dict()
