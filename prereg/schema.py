@@ -11,7 +11,15 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from prereg.registry import get_workload
 from prereg.rules import RuleError, Scope, compile_expr
@@ -104,6 +112,22 @@ class Rung(Strict):
     notes: str | None = None
 
 
+class Noise(Strict):
+    """[protocol.noise]: an A/A calibration. Before the ladder the gate runs the baseline twice for `windows` read
+    windows; their window-to-window noise is what the sensitivity of every bar is estimated from."""
+
+    windows: int = Field(strict=True, description="read windows of each of the two baseline runs")
+
+    @field_validator("windows")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(
+                f"windows = {value}: the calibration runs the baseline twice for N read windows; N must be > 0"
+            )
+        return value
+
+
 class Protocol(Strict):
     kind: Literal["compare", "until_pass"] = "compare"
     schedule: Literal["sequential", "interleaved"] = "sequential"
@@ -116,6 +140,20 @@ class Protocol(Strict):
     config: dict[str, Any] = Field(default_factory=dict)
     rungs: list[Rung] = Field(min_length=1)
     pass_rule: str | None = None
+    noise: Noise | None = None
+    # What a bar whose minimum detectable effect exceeds its distance from no effect does to the run: warn, refuse
+    # to run, or extend the read windows (within the cost ceiling) to the number the bar needs.
+    on_underpowered: Literal["warn", "refuse", "extend"] = "warn"
+
+    @model_serializer(mode="wrap")
+    def _unstated_sensitivity_is_not_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A document that states neither keeps the canonical form (and so the hash) of one written without them.
+        data = handler(self)
+        if self.noise is None:
+            del data["noise"]
+        if self.on_underpowered == "warn":
+            del data["on_underpowered"]
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "Protocol":

@@ -3,8 +3,9 @@
 Rules are tried in order; the first whose `when` holds decides. A rule whose `when` is undefined does not fire,
 and the verdict says which reads were undefined and why. Conditional land entries are evaluated the same way.
 Expectations are scored hit / miss / undefined. Every read that depends on rung windows also gets a bootstrap
-95% interval (windows resampled within each rung; a paired metric's by index, the same in every rung); the rule still
-decides on the value it names.
+95% interval (windows resampled within each rung; a paired metric's by index, the same in every rung), and every read a
+tried rule compares with a bar its robustness: the share of those resamples on the other side of the bar, `fragile`
+above 20% (prereg.sensitivity). The rule still decides on the value it names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +23,7 @@ from prereg.plan import PlannedRung, plan_ladder, primed
 from prereg.registry import get_workload
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import ConditionalLand, Registration
+from prereg.sensitivity import decision_bars, robustness
 from prereg.state import RegistrationState, RungRun, load_state, summarize
 
 BOOTSTRAP_RESAMPLES = 1000
@@ -240,8 +243,10 @@ def judge_until_pass(
     return None, rejected, "no rung passed"
 
 
-def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any]) -> dict[str, list[float]]:
-    """95% percentile intervals for numeric reads, windows resampled with replacement within each rung.
+def _bootstrap_draws(
+    env: VerdictEnv, views: dict[str, RungView], targets: Mapping[str, Expr]
+) -> dict[str, list[float]]:
+    """Each target's finite values over BOOTSTRAP_RESAMPLES resamples, windows drawn with replacement within each rung.
 
     A paired metric (seed 002: the rungs' k-th windows saw the same samples, e.g. the training loss) is resampled
     by window index, the same indices in every rung, over the windows all rungs have: a draw compares like with
@@ -255,10 +260,7 @@ def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any
         for metric, values in view.samples.items()
         if len(values) >= 2 and workload_metrics[metric].relative_ok
     }
-    targets = [name for name, value in reads.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
-    dependent = [
-        name for name in targets if any(pair in resamplable for pair in env.compiled_read(name).rung_metrics_used())
-    ]
+    dependent = {name: expr for name, expr in targets.items() if _measures(env, expr) & resamplable.keys()}
     if not dependent:
         return {}
     rng = random.Random(BOOTSTRAP_SEED)
@@ -286,16 +288,33 @@ def _bootstrap(env: VerdictEnv, views: dict[str, RungView], reads: dict[str, Any
             for (rung_id, metric), value in list(overrides.items()):
                 if rung_id == env.passed_rung:
                     overrides[("PASS", metric)] = value
-        for name in dependent:
-            value = trial.read(name)
+        for name, expr in dependent.items():
+            value = expr.evaluate(trial)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 draws[name].append(float(value))
+    return draws
+
+
+def _measures(env: VerdictEnv, expr: Expr) -> frozenset[tuple[str, str]]:
+    """The rung summaries an expression reads, through the reads it names."""
+    pairs = set(expr.rung_metrics_used())
+    for name in expr.reads_used():
+        pairs |= _measures(env, env.compiled_read(name))
+    return frozenset(pairs)
+
+
+def _intervals(draws: Mapping[str, list[float]]) -> dict[str, list[float]]:
+    """95% percentile intervals, for targets that kept at least half their draws finite."""
     intervals = {}
     for name, values in draws.items():
         if len(values) >= BOOTSTRAP_RESAMPLES // 2:
-            values.sort()
+            values = sorted(values)
             intervals[name] = [values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]]
     return intervals
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _json_value(value: Any) -> Any:
@@ -319,7 +338,6 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
 
     reads = {name: base.read(name) for name in reg.reads}
     undefined = {name: value.reason for name, value in reads.items() if isinstance(value, Undefined)}
-    intervals = _bootstrap(base, views, reads)
 
     rules_scope = replace(read_scope(reg), kind="rules")
     fired = None
@@ -337,6 +355,14 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         if value is True:
             fired = rule
             break
+
+    # Intervals for the numeric reads; for each read a rule compared with a bar, how often a resample crosses it.
+    numeric = {name: base.compiled_read(name) for name, value in reads.items() if _is_number(value)}
+    bars = decision_bars(reg, [t["rule"] for t in rule_trace], fired.id if fired else None)
+    compared = {bar.read: bar.expr.evaluate(base) for bar in bars}
+    draws = _bootstrap_draws(base, views, {**{b.read: b.expr for b in bars if _is_number(compared[b.read])}, **numeric})
+    intervals = _intervals({name: values for name, values in draws.items() if name in numeric})
+    read_robustness = robustness(bars, compared, draws, min_draws=BOOTSTRAP_RESAMPLES // 2)
 
     dropped = state.dropped()
     land: list[str] = []
@@ -420,6 +446,7 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "dropped": dropped,
         "reads": {name: _json_value(value) for name, value in reads.items()},
         "intervals": intervals,
+        "robustness": read_robustness,
         "undefined": undefined,
         "expectations": expectations,
         "rungs": rungs,

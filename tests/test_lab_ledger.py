@@ -62,3 +62,23 @@ def test_a_paired_read_is_bootstrapped_by_window_index(lab: Ledger) -> None:
     assert low <= verdict["reads"]["loss_gap"] <= high < 0.02, (low, high)
     low, high = verdict["intervals"]["speedup"]
     assert low < verdict["reads"]["speedup"] < high
+
+
+# What a verdict decided. Its intervals and robustness are statistics beside the decision: a recorded verdict keeps the
+# intervals of the resampling it was computed with and may have no robustness, so only the decision must recompute.
+DECISION_FIELDS = ("outcome", "rule", "rules", "land", "park", "conditional_land", "dropped", "reads", "undefined")
+
+
+def test_every_recorded_verdict_recomputes_to_the_same_decision(lab: Ledger) -> None:
+    from prereg.verdict import compute_verdict
+
+    checked = 0
+    for reg_id in lab.reg_ids():
+        recorded = load_state(lab, reg_id, with_windows=False).verdicts
+        if not recorded:
+            continue
+        was, now = recorded[-1].data["verdict"], compute_verdict(lab, reg_id)
+        assert {k: was[k] for k in DECISION_FIELDS} == {k: now[k] for k in DECISION_FIELDS}, reg_id
+        assert [e["result"] for e in was["expectations"]] == [e["result"] for e in now["expectations"]], reg_id
+        checked += 1
+    assert checked >= 10
