@@ -10,9 +10,7 @@ only), the cudnn-frontend Python package (nvidia-cudnn-frontend, carried as a wh
 On the pool's largest packed step, one-pass (joined) plan, random bf16 q/k/v at the decoder's heads, for each of the
 plan's two calls: each kernel's forward, and forward + backward through autograd, on the same gathered THD buffers.
 Printed per call: times (median of CUDA-event times after warm-up), cuDNN's largest difference from
-FlashAttention-2 in the output and each gradient, and whatever stage failed, with its reason. Session 8's first
-run (before the kernel was in the engine, the same graphs): text runs' call 1.43 -> 0.77 ms forward + backward,
-image runs' 2.25 -> 1.35 ms.
+FlashAttention-2 in the output and each gradient, and whatever stage failed, with its reason.
 
     python bench/cudnn_varlen_probe.py --profile h200-4b [--warmup 3 --repeats 20] --out DIR
 """
@@ -35,9 +33,9 @@ from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 
 def largest_joined_plan(profile: str):
-    runner = Molmo2Runner(PROFILES[profile], {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1,
-                                              "compile": True, "pack": True, "pack_one_pass": True,
-                                              "pack_attention": "varlen"}, seed=0)  # fmt: skip
+    config = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1, "compile": True,
+              "pack": True, "pack_one_pass": True, "pack_attention": "varlen"}  # fmt: skip
+    runner = Molmo2Runner(PROFILES[profile], config, seed=0)
     runner.load_data()
     chunks = [step.chunks[0] for step in runner.pool]
     chunk = max(chunks, key=lambda c: c.prefix.input_ids.shape[1])
@@ -54,8 +52,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(PROFILES[args.profile].device)
-    conditions = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-                  "dtype": "bfloat16", "warmup": args.warmup, "repeats": args.repeats,
+    conditions = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                  "torch": torch.__version__, "dtype": "bfloat16", "warmup": args.warmup, "repeats": args.repeats,
                   "timing": "median of CUDA-event times per call after warm-up"}  # fmt: skip
     rows: list[dict] = []
 
@@ -119,14 +117,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["cudnn_forward_ms"] = (
                 timed(lambda: varlen_call(q, k, v, call, "cudnn"), args.warmup, args.repeats, device) * 1e3
             )
-            row["cudnn_fwd_bwd_ms"] = timed(lambda: torch.autograd.grad(varlen_call(*cudnn_leaves, call, "cudnn"), cudnn_leaves, do),
-                                            args.warmup, args.repeats, device) * 1e3  # fmt: skip
+            backward = lambda: torch.autograd.grad(varlen_call(*cudnn_leaves, call, "cudnn"), cudnn_leaves, do)  # noqa: E731
+            row["cudnn_fwd_bwd_ms"] = timed(backward, args.warmup, args.repeats, device) * 1e3
             row["error"] = None
         except Exception as error:  # a stage cuDNN refuses is a row with its reason, not a crash
             row["error"] = f"{stage}: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
         save(row)
     print(
-        f"\n{'call':20} {'segs':>5} {'FA2 fwd':>8} {'FA2 f+b':>8} {'cuDNN fwd':>9} {'cuDNN f+b':>9}  max |cuDNN - FA2| (o, dq, dk, dv)"
+        f"\n{'call':20} {'segs':>5} {'FA2 fwd':>8} {'FA2 f+b':>8} {'cuDNN fwd':>9} {'cuDNN f+b':>9}  "
+        "max |cuDNN - FA2| (o, dq, dk, dv)"
     )
     for row in rows:
         if "segments" not in row:
@@ -137,7 +136,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         diffs = ", ".join(f"{row[key]:.3g}" for key in ("max_abs_out_vs_fa2", "max_abs_dq_vs_fa2", "max_abs_dk_vs_fa2",
                                                         "max_abs_dv_vs_fa2") if key in row)  # fmt: skip
         print(
-            f"{row['name']:20} {row['segments']:5} {row['fa2_forward_ms']:8.3f} {row['fa2_fwd_bwd_ms']:8.3f} {cudnn_times}  "
+            f"{row['name']:20} {row['segments']:5} {row['fa2_forward_ms']:8.3f} {row['fa2_fwd_bwd_ms']:8.3f} "
+            f"{cudnn_times}  "
             f"{diffs}{'  ' + row['error'] if row.get('error') else ''}"
         )
     return rows

@@ -7,9 +7,9 @@ decoder's heads (bf16, as under autocast). Each row compiles `flex_attention` af
 
 FLOPs count the allowed (query, key) pairs of the dense mask, not the tiles a kernel visits: forward
 4 x pairs x head_dim x heads (QK^T and PV), backward 10 x pairs x head_dim x heads (the recomputed QK^T, dV, dP,
-dQ, dK), so a row's TFLOP/s is useful work. Peers in the same run: SDPA on the dense bool mask (HEAD's call, with
-whichever backend SDPA picks for GQA with a mask), and SDPA causal with no mask (FLASH): not the same attention (its rate counts the
-causal pairs it computes), the rate a dense kernel reaches on this shape.
+dQ, dK), so a row's TFLOP/s is useful work. Peers in the same run: SDPA on the dense bool mask (the baseline's
+call, with whichever backend SDPA picks for GQA with a mask), and SDPA causal with no mask (FLASH): not the same
+attention (its rate counts the causal pairs it computes), the rate a dense kernel reaches on this shape.
 
     python bench/flex_configs.py --profile h200-4b [--configs default,tma,...] [--warmup 3 --repeats 20] --out DIR
 """
@@ -34,11 +34,12 @@ from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.model.model import prefix_attention_mask, prefix_block_mask  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
-# name -> kernel options for flex_attention (None: SDPA peers). "default" is what the fast path asks for today.
-# H200 (sm90) defaults at head_dim 128, bf16: forward BLOCK_M 128, BLOCK_N 64, 3 stages, 8 warps; backward
+# name -> kernel options for flex_attention (None: SDPA peers). "default" is what the model asks for: no options, so
+# FlexAttention's own choice (the main Triton kernel at a prefix's lengths). The others name that kernel and tune
+# it. H200 (sm90) defaults at head_dim 128, bf16: forward BLOCK_M 128, BLOCK_N 64, 3 stages, 8 warps; backward
 # BLOCK_M1 64, BLOCK_N1 128, BLOCK_M2 128, BLOCK_N2 64, 3 stages, 8 warps (torch 2.11's template heuristics).
 CONFIGS: dict[str, dict] = {
-    "default": {"BACKEND": "TRITON"},
+    "default": {},
     "rows-safe": {"BACKEND": "TRITON", "ROWS_GUARANTEED_SAFE": True},  # every query row keeps its own key
     "tma": {"BACKEND": "TRITON", "USE_TMA": True},
     "fwd-128x128": {
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in [*names, *PEERS]:
         torch._dynamo.reset()
         if name in CONFIGS:
-            options = CONFIGS[name] if device.type == "cuda" else None  # a CPU run checks the script, eager
+            options = (CONFIGS[name] or None) if device.type == "cuda" else None  # a CPU run checks the script
             compiled = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
             call = lambda: compiled(q, k, v, block_mask=block, enable_gqa=True, kernel_options=options)  # noqa: E731
         elif name == "sdpa-dense-mask":
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         dev = "—" if row["max_abs_vs_default"] is None else f"{row['max_abs_vs_default']:.1e}"
         print(
-            f"{row['name']:20} {row['forward_ms']:8.2f} {row['forward_tflops']:8.1f} {row['fwd_bwd_ms']:8.2f} {row['fwd_bwd_tflops']:8.1f} {dev:>10}"
+            f"{row['name']:20} {row['forward_ms']:8.2f} {row['forward_tflops']:8.1f} {row['fwd_bwd_ms']:8.2f} "
+            f"{row['fwd_bwd_tflops']:8.1f} {dev:>10}"
         )
     return rows
 

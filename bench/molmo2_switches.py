@@ -1,9 +1,9 @@
 """Seconds per step and peak memory of the Molmo2 training step per S-bundle switch setting.
 
-One process, one model load; the settings alternate (HEAD first and last, so drift shows). Each setting runs
-`--warmup` steps, then `--steps` timed steps (device-synchronized, median reported). Seed 000's recipe by default:
-batch 12 in 6 backward chunks, camera counts {1, 2}, max-crops 1, fp32 master weights, bf16 autocast, fused
-AdamW, random init (seed 000: kernel-level deltas are geometry-dependent, not weight-dependent).
+One process, one model load; the settings alternate (the baseline first and last, so drift shows). Each setting
+runs `--warmup` steps, then `--steps` timed steps (device-synchronized, median reported). The S-bundle's recipe by
+default: batch 12 in 6 backward chunks, camera counts {1, 2}, max-crops 1, fp32 master weights, bf16 autocast,
+fused AdamW, random init (kernel-level deltas depend on the geometry, not on the weights).
 
     python bench/molmo2_switches.py --profile h200-4b [--out DIR]
 """
@@ -28,7 +28,7 @@ from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 SETTINGS = [
-    ("HEAD", ()),
+    ("baseline", ()),
     ("P1 suffix cuDNN", ("suffix_cudnn",)),
     ("P2 windowed peak", ("windowed_vram_peak",)),
     ("P3a device assert", ("device_assert_patch_count",)),
@@ -46,7 +46,7 @@ SETTINGS = [
             "no_embed_clone",
         ),
     ),
-    ("HEAD again", ()),
+    ("baseline again", ()),
 ]
 
 
@@ -128,12 +128,13 @@ def main() -> None:
     (out / f"molmo2_switches_{args.profile}.json").write_text(json.dumps(result, indent=1))
 
     print("\nconditions: " + json.dumps(info))
-    head = rows[0]["s_per_step"]
-    print(f"\n{'setting':24} {'s/step':>8} {'vs HEAD':>8} {'tok/s':>9} {'peak GiB':>9} {'win GiB':>8} {'loss':>7}")
+    baseline = rows[0]["s_per_step"]
+    print(f"\n{'setting':24} {'s/step':>8} {'vs base':>8} {'tok/s':>9} {'peak GiB':>9} {'win GiB':>8} {'loss':>7}")
     for row in rows:
         win = row["vram_window_peak_gib"]
         print(
-            f"{row['setting']:24} {row['s_per_step']:8.4f} {row['s_per_step'] / head - 1:+8.1%} {row['tokens_per_s']:9.0f} "
+            f"{row['setting']:24} {row['s_per_step']:8.4f} {row['s_per_step'] / baseline - 1:+8.1%} "
+            f"{row['tokens_per_s']:9.0f} "
             f"{row['vram_peak_gib']:9.2f} {win if win is not None else float('nan'):8.2f} {row['loss']:7.3f}"
         )
 

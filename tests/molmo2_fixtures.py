@@ -15,7 +15,7 @@ import torch
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 
 PAD_ID = 1  # any base-vocabulary id: padding is masked, never read
 STATE_SLOT_ID = 7  # the token whose embedding receives the projected robot state
@@ -26,7 +26,7 @@ def tiny_config() -> Molmo2Config:
     return Molmo2Config.named("tiny")
 
 
-def tiny_model(seed: int = 0, switches: Switches = HEAD, config: Molmo2Config | None = None) -> Molmo2Model:
+def tiny_model(seed: int = 0, switches: Switches = BASELINE, config: Molmo2Config | None = None) -> Molmo2Model:
     """A tiny model with EVERY parameter random (norm weights around 1, non-zero biases, non-zero state_proj),
     so that a swapped or skipped weight shows up in any comparison."""
     model = Molmo2Model(config or tiny_config(), switches)

@@ -93,50 +93,46 @@ def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_pe
 
 
 def test_the_packed_attention_benchmarks_rows_are_the_packed_rules(tmp_path):
-    """bench/packed_attention.py times several formulations of the packed masks; each must allow exactly the
-    pairs of packing.py's dense rules (the pool of the tiny geometry, at the default and 128-token row lengths),
-    or its row times another attention (a varlen row: its plan's pairs, segments.py). A CPU run writes every row,
-    with FlexAttention's missing backward as the flex rows' reason; a varlen row runs."""
-    from torch.nn.attention.flex_attention import create_mask
+    """bench/packed_attention.py times the attention paths of the padded and packed rows; each row's mask (a block
+    mask, a dense mask, or a varlen plan: segments.py) must allow exactly the pairs of the dense rule it names (the
+    pool of the tiny geometry). A CPU run writes every row, with FlexAttention's missing backward as the flex rows'
+    reason; an SDPA row and a varlen row run."""
+    from torch.nn.attention.flex_attention import BlockMask, create_mask
 
     sys.path.insert(0, str(REPO / "bench"))
-    from packed_attention import pad_packing, steps, variants
+    from packed_attention import steps, variants
 
-    from engine.molmo2.attention.packing import packed_prefix_mask, packed_suffix_mask
-    from engine.molmo2.attention.segments import segments_mask
+    from engine.molmo2.attention.segments import Segments, segments_mask
 
     packed, _ = steps("cpu-tiny", pack=True)
     padded, _ = steps("cpu-tiny", pack=False)
     for chunk, padded_chunk in zip(packed, padded):
-        rows = variants(padded_chunk, chunk)
-        for name, (batch, q_len, kv_len, block_mask, dense_mask) in rows.items():
-            block, dense = block_mask(), dense_mask()
-            assert dense.shape[-2:] == (q_len, kv_len) and dense.shape[0] == batch, name
-            if isinstance(block, tuple):  # a varlen row: its plan, and the flex mask its output is compared with
-                plan, block = block
-                assert torch.equal(segments_mask(plan, kv_len), dense[0, 0]), name
-            rebuilt = create_mask(block.mask_mod, batch, None, q_len, kv_len, device="cpu")
-            assert torch.equal(rebuilt[:, 0], dense[:, 0]), name
-        packing, image = pad_packing(chunk.packing, chunk.prefix.mm_token_type_ids, 128)
-        assert packing.prefix_doc.shape[1] % 128 == 0 and packing.suffix_doc.shape[1] % 128 == 0
-        n = chunk.packing.prefix_doc.shape[1]  # the tail only adds pads that see themselves
-        assert torch.equal(
-            packed_prefix_mask(packing, image)[..., :n, :n],
-            packed_prefix_mask(chunk.packing, chunk.prefix.mm_token_type_ids),
-        )
-        assert packed_suffix_mask(packing).shape[-1] == packing.prefix_doc.shape[1] + packing.suffix_doc.shape[1]
+        for name, row in variants(padded_chunk, chunk).items():
+            masks = [row.mask()] + ([row.reference()] if row.reference else [])
+            rule = row.rule()
+            assert rule.shape[-2:] == (row.q_len, row.kv_len) and rule.shape[0] == row.batch, name
+            for mask in masks:
+                if isinstance(mask, Segments):
+                    allowed = segments_mask(mask, row.kv_len)[None, None]
+                elif isinstance(mask, BlockMask):
+                    allowed = create_mask(mask.mask_mod, row.batch, None, row.q_len, row.kv_len, device="cpu")
+                else:
+                    allowed = mask
+                assert torch.equal(allowed[:, 0], rule[:, 0]), name
     command = [sys.executable, "bench/packed_attention.py", "--profile", "cpu-tiny", "--warmup", "1", "--repeats", "1",
-               "--only", "prefix packed,suffix packed-bounds-128,joined varlen", "--out", str(tmp_path)]  # fmt: skip
+               "--only", "prefix packed,suffix packed sdpa,joined varlen", "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "packed_attention_cpu-tiny.json").read_text())
     assert {"device", "torch", "dtype", "heads", "kv_heads", "head_dim", "warmup", "repeats"} <= set(
         report["conditions"]
     )
-    assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed-bounds-128", "joined varlen"]
-    assert all("backward on CPU" in row["error"] for row in report["rows"][:2])
+    assert [row["name"] for row in report["rows"]] == ["prefix packed", "suffix packed sdpa", "joined varlen"]
+    assert "backward on CPU" in report["rows"][0]["error"]
+    sdpa = report["rows"][1]
+    assert sdpa["error"] is None and sdpa["kind"] == "sdpa" and sdpa["fwd_bwd_ms"] > 0, sdpa
     varlen = report["rows"][2]  # the CPU's varlen kernel has a backward: a timed row, as close to flex as fp32 is
-    assert varlen["error"] is None and varlen["fwd_bwd_ms"] > 0 and varlen["max_abs_vs_flex"] < 1e-5, varlen
+    assert varlen["error"] is None and varlen["fwd_bwd_ms"] > 0 and varlen["max_abs_vs_reference"] < 1e-5, varlen
 
 
 def test_the_cudnn_kernel_lays_out_each_varlen_call_as_ragged_segments(tmp_path):

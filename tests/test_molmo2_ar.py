@@ -1,10 +1,10 @@
-"""The AR decoder of seeds 003/004 and the S-bundle sites of seed 000 in it.
+"""The AR decoder and the S-bundle sites in it.
 
-- keystone oracle (seed 003): prefill + continue == the monolithic multimodal forward of prefix + suffix as one
+- keystone oracle: prefill + continue == the monolithic multimodal forward of prefix + suffix as one
   sequence, under LEFT padding of the prefix with rows of different lengths;
 - P3b and P4 change nothing, bitwise (outputs and every gradient), with and without extension/FAST ids;
-- P3c's sums equal HEAD's up to reduction order and an fp64 reference; no switch touches the mean form;
-- P1's backend list per mode, and decode always on HEAD's list;
+- P3c's sums equal the baseline's up to reduction order and an fp64 reference; no switch touches the mean form;
+- P1's backend list per mode, and decode always on the baseline's list;
 - the freezing split, and the zero-initialised state projection.
 """
 
@@ -33,8 +33,8 @@ from engine.molmo2.model.ar import (
     suffix_backends,
 )
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, SuffixInputs
-from engine.molmo2.model.text import HEAD_BACKENDS
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.model.text import BASELINE_BACKENDS
+from engine.molmo2.switches import BASELINE, Switches
 
 ROWS = [Row(images=2, text=5, aux=2, fast=4), Row(images=1, text=2, aux=0, fast=2, two_crops=True),
         Row(images=1, text=7, aux=3, fast=1)]  # fmt: skip
@@ -131,7 +131,7 @@ ALL_SWITCHES = [Switches(**dict(zip(("branchless_extension_lookup", "no_embed_cl
 def test_switches_are_bitwise_on_the_ar_path(batch, ar_split):
     """Extension and FAST ids present (image specials in the prefix, FAST in the suffix). All-trainable also
     runs the in-place add on a lookup that requires grad (P4's aliasing claim): no version-counter error."""
-    logits, grads = _fwd_bwd(HEAD, batch, ar_split=ar_split)
+    logits, grads = _fwd_bwd(BASELINE, batch, ar_split=ar_split)
     assert all(g is not None for g in grads.values())
     for switches in [Switches(branchless_extension_lookup=True), Switches(no_embed_clone=True), *ALL_SWITCHES[-1:]]:
         other_logits, other_grads = _fwd_bwd(switches, batch, ar_split=ar_split)
@@ -141,12 +141,12 @@ def test_switches_are_bitwise_on_the_ar_path(batch, ar_split):
 
 
 def test_switches_are_bitwise_without_extension_ids(batch):
-    """The no-extension case, where HEAD skips the extension lookup. Outputs and every gradient are bitwise
-    equal, except that P3b reads the unused extension tables, so their grads are zeros where HEAD's are None.
+    """The no-extension case, where the baseline skips the extension lookup. Outputs and every gradient are bitwise
+    equal, except that P3b reads the unused extension tables, so their grads are zeros where the baseline's are None.
     No AR step sees that difference: wte is frozen there, and fast_embed is always read by the suffix."""
     text = _text_only(batch)
     assert not bool((torch.cat([text.prefix.input_ids, text.suffix.input_ids], 1) >= 320).any())
-    logits, grads = _forward_text_only(HEAD, text)
+    logits, grads = _forward_text_only(BASELINE, text)
     for switches in [Switches(branchless_extension_lookup=True), Switches(no_embed_clone=True)]:
         other_logits, other_grads = _forward_text_only(switches, text)
         assert torch.equal(logits, other_logits)
@@ -163,7 +163,7 @@ def test_switches_are_bitwise_without_extension_ids(batch):
 def test_prefix_embeddings_bitwise_under_p3b_and_p4(batch):
     """The embed_outputs probe's claim at its site: prefix embeddings (features injected, state added)."""
     outputs = []
-    for switches in [HEAD, Switches(branchless_extension_lookup=True, no_embed_clone=True)]:
+    for switches in [BASELINE, Switches(branchless_extension_lookup=True, no_embed_clone=True)]:
         model = tiny_model(seed=3, switches=switches)
         p = batch.prefix
         with torch.no_grad():
@@ -206,19 +206,19 @@ def test_mean_losses_unchanged_by_every_switch(logits, batch):
         assert all(torch.equal(reference[k], got[k]) for k in reference), switches
 
 
-def test_sum_form_head_vs_masked_vs_fp64(logits, batch):
-    head = ar_loss_sums(logits, batch.suffix, HEAD)
+def test_sum_form_baseline_vs_masked_vs_fp64(logits, batch):
+    baseline = ar_loss_sums(logits, batch.suffix, BASELINE)
     masked = ar_loss_sums(logits, batch.suffix, Switches(masked_loss_sums=True))
-    exact = ar_loss_sums(logits.double(), batch.suffix, HEAD)
+    exact = ar_loss_sums(logits.double(), batch.suffix, BASELINE)
     means = ar_losses(logits, batch.suffix)
     for key in ("loss_sum", "action_sum", "aux_sum"):
-        assert head[key].dtype == torch.float32
-        torch.testing.assert_close(masked[key], head[key], rtol=1e-6, atol=1e-6)  # reduction order only
-        torch.testing.assert_close(head[key].double(), exact[key], rtol=1e-6, atol=1e-6)
+        assert baseline[key].dtype == torch.float32
+        torch.testing.assert_close(masked[key], baseline[key], rtol=1e-6, atol=1e-6)  # reduction order only
+        torch.testing.assert_close(baseline[key].double(), exact[key], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(masked[key].double(), exact[key], rtol=1e-6, atol=1e-6)
     for key in ("n_valid", "n_action", "n_aux"):
-        assert torch.equal(head[key], masked[key])
-    torch.testing.assert_close(head["action_sum"] / head["n_action"], means["action_loss"], rtol=1e-6, atol=0)
+        assert torch.equal(baseline[key], masked[key])
+    torch.testing.assert_close(baseline["action_sum"] / baseline["n_action"], means["action_loss"], rtol=1e-6, atol=0)
 
 
 def test_sum_form_accumulates_over_chunks_to_the_mean(logits, batch):
@@ -247,14 +247,14 @@ def test_empty_loss_group_is_zero_not_nan(logits, batch):
 
 def test_suffix_backends_per_mode():
     cudnn = Switches(suffix_cudnn=True)
-    assert HEAD_BACKENDS == (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-    assert suffix_backends(True, HEAD) == HEAD_BACKENDS
-    assert suffix_backends(False, HEAD) == HEAD_BACKENDS
-    assert suffix_backends(False, cudnn) == HEAD_BACKENDS
-    assert suffix_backends(True, cudnn) == (SDPBackend.CUDNN_ATTENTION, *HEAD_BACKENDS)
+    assert BASELINE_BACKENDS == (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    assert suffix_backends(True, BASELINE) == BASELINE_BACKENDS
+    assert suffix_backends(False, BASELINE) == BASELINE_BACKENDS
+    assert suffix_backends(False, cudnn) == BASELINE_BACKENDS
+    assert suffix_backends(True, cudnn) == (SDPBackend.CUDNN_ATTENTION, *BASELINE_BACKENDS)
 
 
-def test_p1_reaches_the_training_suffix_only_and_decode_keeps_head(batch, monkeypatch):
+def test_p1_reaches_the_training_suffix_only_and_decode_keeps_the_baseline(batch, monkeypatch):
     seen: list[tuple[str, tuple]] = []
     real = ar.backends_context
 
@@ -271,22 +271,22 @@ def test_p1_reaches_the_training_suffix_only_and_decode_keeps_head(batch, monkey
 
     cache = encode_prefix(model, batch.prefix)
     forward_suffix(model, batch.suffix, cache)
-    assert seen == [("model", HEAD_BACKENDS), ("ar", (SDPBackend.CUDNN_ATTENTION, *HEAD_BACKENDS))]
+    assert seen == [("model", BASELINE_BACKENDS), ("ar", (SDPBackend.CUDNN_ATTENTION, *BASELINE_BACKENDS))]
 
     seen.clear()
     start = batch.suffix.input_ids[:, :1]
     ar_greedy_decode(model, batch.prefix, start, max_new_tokens=3)  # still in training mode: decode is pinned
-    assert seen and all(backends == HEAD_BACKENDS for _, backends in seen)
+    assert seen and all(backends == BASELINE_BACKENDS for _, backends in seen)
 
     seen.clear()
     model.eval()
     forward_suffix(model, batch.suffix, encode_prefix(model, batch.prefix))
-    assert seen[-1] == ("ar", HEAD_BACKENDS)
+    assert seen[-1] == ("ar", BASELINE_BACKENDS)
 
 
-def test_p1_on_cpu_trains_and_matches_head(batch):
-    """No cuDNN on a CPU: the prepended backend is skipped and the rest of HEAD's list serves."""
-    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
+def test_p1_on_cpu_trains_and_matches_the_baseline(batch):
+    """No cuDNN on a CPU: the prepended backend is skipped and the rest of the baseline's list serves."""
+    logits, grads = _fwd_bwd(BASELINE, batch, ar_split=True)
     other_logits, other_grads = _fwd_bwd(Switches(suffix_cudnn=True), batch, ar_split=True)
     assert torch.equal(logits, other_logits) and all(torch.equal(grads[n], other_grads[n]) for n in grads)
 
@@ -384,7 +384,7 @@ def _sync_sites(model, batch: ARBatch, switches: Switches) -> set[str]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_host_syncs_are_the_seeds_sites_and_all_switches_remove_them(cuda_setup):
     model, batch = cuda_setup
-    assert {"model.py", "text.py", "ar.py"} <= _sync_sites(model, batch, HEAD)  # P3a, P3b, P3c sites
+    assert {"model.py", "text.py", "ar.py"} <= _sync_sites(model, batch, BASELINE)  # P3a, P3b, P3c sites
     assert _sync_sites(model, batch, ALL_ON) == set()
 
 
@@ -392,7 +392,7 @@ def test_cuda_host_syncs_are_the_seeds_sites_and_all_switches_remove_them(cuda_s
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_p3b_p4_bitwise_under_bf16_autocast(cuda_setup):
     model, batch = cuda_setup
-    logits, grads = _cuda_step(model, batch, HEAD)
+    logits, grads = _cuda_step(model, batch, BASELINE)
     both = Switches(branchless_extension_lookup=True, no_embed_clone=True)
     other_logits, other_grads = _cuda_step(model, batch, both)
     assert torch.equal(logits, other_logits)
@@ -423,65 +423,41 @@ def test_cuda_p1_runs_cudnn_in_training_only(cuda_setup):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# X1 (vit_bf16_attention): the frozen ViT's attention off fp32, training mode only
+# X2 (vit_fp16_attention): the frozen ViT's attention on fp16 inputs, training mode only, on any device
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _vit_precisions(model, batch: ARBatch, monkeypatch, pooling: bool = False) -> list:
-    """The precision override each ViT attention call receives (None: the config's fp32); with `pooling`, each
-    pooling attention call's instead (the pooling passes its mask, the ViT blocks' self-attention none)."""
+def _vit_fp16_flags(model, batch: ARBatch, monkeypatch, pooling: bool = False) -> list:
+    """The `fp16` flag each ViT block's attention call receives; with `pooling`, each pooling attention call's
+    instead (the pooling passes its mask, the ViT blocks' self-attention none)."""
     from engine.molmo2.model.vision import DotProductAttention
 
     seen = []
     real = DotProductAttention.forward
 
-    def spy(self, x_q, x_kv=None, mask=None, precision=None):
+    def spy(self, x_q, x_kv=None, mask=None, fp16=False):
         if (mask is not None) == pooling:
-            seen.append(precision)
-        return real(self, x_q, x_kv, mask, precision)
+            seen.append(fp16)
+        return real(self, x_q, x_kv, mask, fp16)
 
     monkeypatch.setattr(DotProductAttention, "forward", spy)
     encode_prefix(model, batch.prefix)
     return seen
 
 
-def test_x1_reaches_the_vit_in_training_only(batch, monkeypatch):
-    model = tiny_model(switches=Switches(vit_bf16_attention=True)).train()
-    assert model.config.vision.float32_attention  # the hub's setting that X1 overrides
-    flags = _vit_precisions(model, batch, monkeypatch)
-    assert flags and set(flags) == {"autocast"}
-    assert set(_vit_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
-    assert set(_vit_precisions(tiny_model().train(), batch, monkeypatch)) == {None}  # HEAD
-
-
-def test_x1_on_cpu_trains_bitwise_like_head(batch):
-    """No autocast on a CPU: q, k, v are fp32 either way, so X1 changes nothing there (like P1)."""
-    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
-    other_logits, other_grads = _fwd_bwd(Switches(vit_bf16_attention=True), batch, ar_split=True)
-    assert torch.equal(logits, other_logits) and all(torch.equal(grads[n], other_grads[n]) for n in grads)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# X2 (vit_fp16_attention): the frozen ViT's attention on fp16 inputs, training mode only, on any device
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def test_x2_reaches_the_vit_in_training_only(batch, monkeypatch):
     model = tiny_model(switches=Switches(vit_fp16_attention=True)).train()
-    flags = _vit_precisions(model, batch, monkeypatch)
-    assert flags and set(flags) == {"fp16"}
-    assert set(_vit_precisions(model.eval(), batch, monkeypatch)) == {None}  # eval and decode: the hub's fp32
+    flags = _vit_fp16_flags(model, batch, monkeypatch)
+    assert flags and set(flags) == {True}
+    assert set(_vit_fp16_flags(model.eval(), batch, monkeypatch)) == {False}  # eval and decode: the hub's fp32
+    assert set(_vit_fp16_flags(tiny_model().train(), batch, monkeypatch)) == {False}  # the baseline
+    assert set(_vit_fp16_flags(model.train(), batch, monkeypatch, pooling=True)) == {False}  # the pooling keeps fp32
 
 
-def test_x1_and_x2_together_are_refused():
-    with pytest.raises(ValueError, match="switch on at most one"):
-        Switches(vit_bf16_attention=True, vit_fp16_attention=True)
-
-
-def _trains_like_head_within(switches: Switches, batch: ARBatch, relative: float, floor: float) -> bool:
-    """Asserts logits and every gradient within `relative` of their largest entry (plus `floor`) of HEAD's;
-    returns whether the logits are bitwise HEAD's."""
-    logits, grads = _fwd_bwd(HEAD, batch, ar_split=True)
+def _trains_like_baseline_within(switches: Switches, batch: ARBatch, relative: float, floor: float) -> bool:
+    """Asserts logits and every gradient within `relative` of their largest entry (plus `floor`) of the baseline's;
+    returns whether the logits are bitwise the baseline's."""
+    logits, grads = _fwd_bwd(BASELINE, batch, ar_split=True)
     other_logits, other_grads = _fwd_bwd(switches, batch, ar_split=True)
     torch.testing.assert_close(other_logits, logits, rtol=0, atol=relative * float(logits.abs().max()))
     for name in grads:
@@ -492,97 +468,23 @@ def _trains_like_head_within(switches: Switches, batch: ARBatch, relative: float
 
 
 def test_x2_on_cpu_changes_training_by_fp16_rounding_only(batch):
-    """Unlike X1, X2 casts whatever the autocast state, so it is a real numerics change on a CPU too: not bitwise
-    HEAD, and within fp16's rounding (2^-11 relative on q, k, v) of it."""
-    assert not _trains_like_head_within(Switches(vit_fp16_attention=True), batch, 5e-3, floor=1e-9)  # not bitwise
+    """X2 casts whatever the autocast state, so it is a real numerics change on a CPU too: not bitwise the
+    baseline, and within fp16's rounding (2^-11 relative on q, k, v) of it."""
+    assert not _trains_like_baseline_within(Switches(vit_fp16_attention=True), batch, 5e-3, floor=1e-9)  # not bitwise
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_x1_changes_image_features_within_bf16_noise(cuda_setup):
-    """Under bf16 autocast X1 really changes the ViT's numerics (not bitwise), by bf16 rounding only."""
+def test_cuda_x2_changes_image_features_within_fp16_noise(cuda_setup):
+    """Under bf16 autocast X2 really changes the ViT's numerics (not bitwise the hub's fp32), by rounding only: the
+    features leave autocast in bf16, so within a few bf16 steps of the largest."""
     model, batch = cuda_setup
     p = batch.prefix
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        model.switches = HEAD
+        model.switches = BASELINE
         fp32 = model.image_features(p.pixel_values, p.image_token_pooling).float()
-        model.switches = Switches(vit_bf16_attention=True)
-        bf16 = model.image_features(p.pixel_values, p.image_token_pooling).float()
-    model.switches = HEAD
-    assert not torch.equal(fp32, bf16)
-    assert float((fp32 - bf16).abs().max()) <= 2e-2 * float(fp32.abs().max())  # bf16 carries 8 bits of mantissa
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_x2_is_closer_to_the_hubs_fp32_than_x1(cuda_setup):
-    """X2's premise: fp16's 10-bit mantissa leaves the ViT's features nearer the hub's fp32 than bf16's 7 bits do.
-    Measured as the RMS of the difference: the features leave autocast in bf16, so the largest difference is one
-    bf16 step for both (the H200 gave 2^-9 for each)."""
-    model, batch = cuda_setup
-    p = batch.prefix
-    features = {}
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        for name, switches in (
-            ("fp32", HEAD),
-            ("x1", Switches(vit_bf16_attention=True)),
-            ("x2", Switches(vit_fp16_attention=True)),
-        ):
-            model.switches = switches
-            features[name] = model.image_features(p.pixel_values, p.image_token_pooling).float()
-    model.switches = HEAD
-    x1_error = float((features["x1"] - features["fp32"]).pow(2).mean().sqrt())
-    x2_error = float((features["x2"] - features["fp32"]).pow(2).mean().sqrt())
-    assert 0 < x2_error < x1_error, (x2_error, x1_error)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# X3 (pool_fp32_math): the pooling attention as fp32 arithmetic, training mode only
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def test_x3_reaches_the_pooling_in_training_only(batch, monkeypatch):
-    model = tiny_model(switches=Switches(pool_fp32_math=True)).train()
-    assert set(_vit_precisions(model, batch, monkeypatch, pooling=True)) == {"fp32-math"}
-    assert set(_vit_precisions(model.eval(), batch, monkeypatch, pooling=True)) == {
-        None
-    }  # eval and decode: the hub's SDPA
-
-
-def test_x3_is_sdpa_to_fp32_rounding():
-    """The arithmetic against fp32 SDPA on the pooling's shapes, masked slots included: not a different function,
-    a different order of fp32 sums (2.4e-7 here)."""
-    from engine.molmo2.model.vision import fp32_attention_math
-
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(64, 4, n, 16, generator=g) for n in (1, 4, 4))
-    mask = torch.rand(64, 1, 1, 4, generator=g) > 0.4
-    mask[..., 0] = True  # every window keeps its top-left patch
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(fp32_attention_math(q, k, v, mask), expected, rtol=0, atol=1e-6)
-    assert fp32_attention_math(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask).dtype == torch.float32
-
-
-def test_x3_trains_like_head_to_fp32_rounding(batch):
-    _trains_like_head_within(Switches(pool_fp32_math=True), batch, 1e-5, floor=1e-12)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_x3_features_match_the_fp32_sdpa_pooling(cuda_setup):
-    """Under bf16 autocast, eager and compiled: X3's image features against the hub's fp32 SDPA pooling, within
-    one bf16 step of the largest (the pooling runs in fp32 either way; the features leave it through bf16)."""
-    from engine.molmo2.attention.execution import Execution
-
-    model, batch = cuda_setup
-    p = batch.prefix
-    for execution in (Execution(), Execution(compile=True)):
-        model.set_execution(execution)
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model.switches = HEAD
-            sdpa = model.image_features(p.pixel_values, p.image_token_pooling).float()
-            model.switches = Switches(pool_fp32_math=True)
-            math = model.image_features(p.pixel_values, p.image_token_pooling).float()
-        model.switches = HEAD
-        assert float((math - sdpa).abs().max()) <= 2**-8 * float(sdpa.abs().max()), execution
-    model.set_execution(Execution())
+        model.switches = Switches(vit_fp16_attention=True)
+        fp16 = model.image_features(p.pixel_values, p.image_token_pooling).float()
+    model.switches = BASELINE
+    assert not torch.equal(fp32, fp16)
+    assert float((fp32 - fp16).abs().max()) <= 2e-2 * float(fp32.abs().max())

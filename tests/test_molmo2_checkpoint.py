@@ -29,7 +29,7 @@ from engine.molmo2.switches import Switches
 
 
 def test_4b_parameter_count_from_the_config():
-    """Reference §2: the hub index's total_parameters; LLM + ViT + pooling + projector."""
+    """The hub index's total_parameters: LLM + ViT + pooling + projector."""
     config = Molmo2Config.named("4b")
     assert parameter_count(config) == 4_850_869_200
     shapes = hub_key_shapes(config)

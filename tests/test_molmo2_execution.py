@@ -1,5 +1,5 @@
-"""Execution options (engine/molmo2/attention/execution.py): FlexAttention for the prefix, compiled decoder blocks, and
-length-bucketed steps must compute what HEAD's eager SDPA path computes, within stated tolerances.
+"""Execution options (engine/molmo2/attention/execution.py): FlexAttention for the prefix, compiled decoder blocks,
+and length-bucketed steps must compute what the baseline's eager SDPA path computes, within stated tolerances.
 
 FlexAttention has no backward on the CPU (torch 2.13), so on the CPU the flex path is checked forward only; its
 training parity (and the compiled flex path's) is the CUDA test at the end, run on the lent H200."""
@@ -16,14 +16,9 @@ from engine.molmo2.attention.execution import Execution
 from engine.molmo2.declaration import PROFILES
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums
 from engine.molmo2.model.batch import ARBatch
-from engine.molmo2.model.model import (
-    continuation_block_mask,
-    continuation_mask,
-    prefix_attention_mask,
-    prefix_block_mask,
-)
-from engine.molmo2.runner import COMPILED_PAD_MULTIPLE, Molmo2Runner
-from engine.molmo2.switches import HEAD
+from engine.molmo2.model.model import prefix_attention_mask, prefix_block_mask
+from engine.molmo2.runner import COMPILED_PAD_MULTIPLE, RETIRED_CONFIG, Molmo2Runner
+from engine.molmo2.switches import BASELINE
 
 ROWS = [Row(images=2, text=5, aux=2, fast=3, two_crops=True), Row(images=1, text=3, aux=1, fast=2),
         Row(images=1, text=7, aux=3, fast=1)]  # fmt: skip
@@ -42,7 +37,7 @@ def _train_step(batch: ARBatch, execution: Execution, device: str = "cpu", grad:
     b = batch.to(device)
     with torch.set_grad_enabled(grad):
         logits = ar_forward(model, b)
-        loss = ar_loss_sums(logits, b.suffix, HEAD)["loss_sum"]
+        loss = ar_loss_sums(logits, b.suffix, BASELINE)["loss_sum"]
     grads = {}
     if grad:
         loss.backward()
@@ -82,37 +77,6 @@ def test_block_mask_is_the_dense_rule(batch):
     assert bool((~dense).any()) and bool((dense & ~torch.ones(S, S, dtype=torch.bool).tril()).any())  # non-trivial
 
 
-def test_continuation_block_mask_is_the_dense_rule(batch):
-    """The suffix's rule: cached keys where real, new keys causally where real; right-padded suffix rows."""
-    key_mask, suffix_mask = batch.prefix.attention_mask, batch.suffix.attention_mask
-    dense = continuation_mask(key_mask, suffix_mask)[:, 0]
-    block = continuation_block_mask(key_mask, suffix_mask)
-    T, P = suffix_mask.shape[1], key_mask.shape[1]
-    q, kv = torch.arange(T)[:, None], torch.arange(P + T)[None, :]
-    for b in range(suffix_mask.shape[0]):
-        assert torch.equal(block.mask_mod(torch.tensor(b), torch.tensor(0), q, kv), dense[b])
-    assert bool((~key_mask.bool()).any()) and bool((~suffix_mask.bool()).any())  # padding on both sides is exercised
-
-
-def test_flex_suffix_forward_matches_sdpa_in_training_and_stays_dense_in_eval(batch, monkeypatch):
-    sdpa, _, _ = _train_step(batch, Execution(), grad=False)
-    flex, _, _ = _train_step(batch, Execution(suffix_attention="flex"), grad=False)
-    both, _, _ = _train_step(batch, Execution(prefix_attention="flex", suffix_attention="flex"), grad=False)
-    assert _max_logit_diff(sdpa, flex) <= FORWARD_ATOL and _max_logit_diff(sdpa, both) <= FORWARD_ATOL
-    import engine.molmo2.model.model as model_module
-
-    built = []
-    real = model_module.continuation_block_mask
-    monkeypatch.setattr(model_module, "continuation_block_mask", lambda *a: built.append(1) or real(*a))
-    model = tiny_model(seed=5)
-    model.set_execution(Execution(suffix_attention="flex"))
-    with torch.no_grad():
-        ar_forward(model.train(), batch)
-        assert built == [1]  # training: the block mask
-        ar_forward(model.eval(), batch)
-        assert built == [1]  # evaluation and decode: HEAD's dense mask
-
-
 def test_flex_prefix_forward_matches_sdpa(batch):
     sdpa, _, _ = _train_step(batch, Execution(), grad=False)
     flex, _, _ = _train_step(batch, Execution(prefix_attention="flex"), grad=False)
@@ -132,8 +96,8 @@ def test_compiled_blocks_train_like_eager(batch):
 
 
 def _step_gradient(backward_chunks: int, step_index: int):
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": backward_chunks, "bucket_by_length": True},
-                          seed=0)  # fmt: skip
+    config = {"batch": 6, "backward_chunks": backward_chunks, "bucket_by_length": True}
+    runner = Molmo2Runner(PROFILES["cpu-tiny"], config, seed=0)
     runner.load()
     runner.model.double()
     step = runner.pool[step_index]
@@ -168,45 +132,31 @@ def test_compiled_model_keeps_the_checkpoint_layout():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("prefix_attention", "dense"), ("suffix_attention", "math"), ("compile", "yes"), ("dynamic", 1)],
+    [("prefix_attention", "dense"), ("compile", "yes"), ("pack_attention", "rows"), ("pack_one_pass", 1)],
 )
 def test_execution_refuses_unknown_values(field, value):
     with pytest.raises(ValueError, match=field):
-        Execution(**{field: value, **({"compile": True} if field == "dynamic" else {})})
+        Execution(**{field: value})
 
 
-def test_dynamic_shapes_need_compile():
-    with pytest.raises(ValueError, match="compile_dynamic = true needs compile = true"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"compile_dynamic": True}, seed=0)
+@pytest.mark.parametrize("key", sorted(RETIRED_CONFIG))
+def test_retired_options_are_refused_and_their_baseline_values_are_not(key):
+    """A retired option's code has left the workload: a config that asks for it is refused by name, never run on
+    another path. The value each retired key had at the baseline still runs."""
+    retired = {"suffix_attention": "flex", "pack_attention": "rows", "compile_dynamic": True, "pack_multiple": 16}
+    with pytest.raises(ValueError, match=f"{key} = .* is retired"):
+        Molmo2Runner(PROFILES["cpu-tiny"], {"pack": True, key: retired[key]}, seed=0)
+    baseline = {"suffix_attention": "sdpa", "pack_attention": "packed", "compile_dynamic": False}
+    if key in baseline:
+        Molmo2Runner(PROFILES["cpu-tiny"], {"pack": True, key: baseline[key]}, seed=0)
 
 
 MORE_ROWS = ROWS + [Row(images=1, text=9, aux=2, fast=2), Row(images=2, text=4, aux=1, fast=3)]
 
 
-def test_dynamic_compile_reuses_one_graph_for_new_batch_sizes_and_computes_what_eager_does():
-    """compile_dynamic: after the first new size (one recompile, the size made symbolic), batches of other sizes
-    reuse the graphs; each batch's logits match eager's. Forward only, to keep CPU compilation short; training
-    parity on CUDA is the GPU test below."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    model = tiny_model(seed=5).eval()
-    compiled = tiny_model(seed=5).eval()
-    compiled.set_execution(Execution(compile=True, dynamic=True))
-    graphs = []
-    for size in (3, 2, 4, 5):
-        b = make_batch(tiny_config(), MORE_ROWS[:size], seed=20 + size)
-        with torch.no_grad():
-            assert _max_logit_diff(ar_forward(model, b), ar_forward(compiled, b)) <= FORWARD_ATOL
-        graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[1] > graphs[0] and graphs[3] == graphs[2] == graphs[1], graphs  # sizes 4 and 5: no new graph
-
-
-@pytest.mark.parametrize("key", ["prefix_attention", "suffix_attention"])
-def test_flex_is_refused_on_a_cpu_profile(key):
-    with pytest.raises(ValueError, match=f"{key} = 'flex' needs CUDA"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {key: "flex"}, seed=0)
+def test_flex_is_refused_on_a_cpu_profile():
+    with pytest.raises(ValueError, match="prefix_attention = 'flex' needs CUDA"):
+        Molmo2Runner(PROFILES["cpu-tiny"], {"prefix_attention": "flex"}, seed=0)
 
 
 def _pool(**config):
@@ -233,9 +183,9 @@ def test_bucketing_regroups_the_same_samples_by_camera_count():
     assert padded(bucketed) < padded(plain)
 
 
-def test_chunking_by_cameras_keeps_heads_steps_and_cuts_only_their_chunks():
+def test_chunking_by_cameras_keeps_the_baselines_steps_and_cuts_only_their_chunks():
     plain, by_cameras = _pool(), _pool(chunk_by_cameras=True)
-    assert [_samples([a]) for a in plain] == [_samples([b]) for b in by_cameras]  # step k holds HEAD's step k
+    assert [_samples([a]) for a in plain] == [_samples([b]) for b in by_cameras]  # step k: the baseline's step k
     mixed = lambda pool: sum(len(set(c.n_cameras)) > 1 for step in pool for c in step.chunks)  # noqa: E731
     padded = lambda pool: sum(c.prefix.input_ids.numel() for step in pool for c in step.chunks)  # noqa: E731
     assert mixed(by_cameras) == 0 < mixed(plain)
@@ -248,14 +198,14 @@ def _step_losses(steps: int, **config) -> list[float]:
     return [float(runner.trainer.step(runner.pool[k % len(runner.pool)])[0]) for k in range(steps)]
 
 
-def test_chunking_by_cameras_trains_like_head_and_bucketing_does_not():
-    """The trajectory, not one step: chunk_by_cameras in one chunk follows HEAD's six chunks to fp32 summation
-    order; bucket_by_length trains on other steps, so its losses leave HEAD's (why molmo2-fast-h200's
-    expectation 3 missed: 4.14 vs 2.93 after 24 steps on the H200)."""
-    head = _step_losses(6, backward_chunks=6)
+def test_chunking_by_cameras_trains_like_the_baseline_and_bucketing_does_not():
+    """The trajectory, not one step: chunk_by_cameras in one chunk follows the baseline's six chunks to fp32
+    summation order; bucket_by_length trains on other steps, so its losses leave the baseline's (a paired loss
+    comparison needs both arms to share it)."""
+    baseline = _step_losses(6, backward_chunks=6)
     by_cameras = _step_losses(6, backward_chunks=1, chunk_by_cameras=True)
     bucketed = _step_losses(6, backward_chunks=1, bucket_by_length=True)
-    relative = lambda other: max(abs(a - b) / a for a, b in zip(head, other))  # noqa: E731
+    relative = lambda other: max(abs(a - b) / a for a, b in zip(baseline, other))  # noqa: E731
     assert relative(by_cameras) <= 1e-5
     assert relative(bucketed) > 1e-3  # 1.7e-3 here: the tiny model's first steps move slowly; the 4B's by 41%
 
@@ -270,10 +220,11 @@ def test_compiled_runs_pad_to_few_shapes():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("execution", [Execution(prefix_attention="flex"), Execution(prefix_attention="flex", compile=True),
-                                       Execution(suffix_attention="flex"),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True)],
-                         ids=["flex", "flex+compile", "suffix-flex", "both-flex+compile"])  # fmt: skip
+@pytest.mark.parametrize(
+    "execution",
+    [Execution(prefix_attention="flex"), Execution(prefix_attention="flex", compile=True)],
+    ids=["flex", "flex+compile"],
+)
 def test_cuda_flex_trains_like_sdpa(batch, execution):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -284,58 +235,10 @@ def test_cuda_flex_trains_like_sdpa(batch, execution):
     assert diff <= GRAD_RTOL, name
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_suffix_flex_at_the_4b_head_geometry_matches_sdpa_forward_and_backward():
-    """The tiny model's heads never reach FlexAttention's decoding kernel; 4B's do: 96 suffix queries (< 128) and
-    a power-of-two GQA ratio (32/8) made AUTO pick it, which inductor could not lower on the H200. The suffix's
-    attention at that geometry, forward and backward, against SDPA on the dense mask."""
-    from engine.molmo2.model.text import attend
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    g = torch.Generator().manual_seed(7)
-    B, P, T, heads, kv_heads, dim = 2, 688, 96, 32, 8, 128
-    cache_keys = torch.rand(B, P, generator=g) > 0.2
-    suffix = torch.ones(B, T, dtype=torch.bool)
-    suffix[1, 80:] = False  # a right-padded row, as the collator pads
-    q, k, v = (torch.randn(B, h, L, dim, generator=g).cuda().requires_grad_()
-               for h, L in ((heads, T), (kv_heads, P + T), (kv_heads, P + T)))  # fmt: skip
-    flex = attend(q, k, v, continuation_block_mask(cache_keys.cuda(), suffix.cuda()))
-    dense = attend(q, k, v, continuation_mask(cache_keys.cuda(), suffix.cuda()))
-    assert (flex - dense).abs().max().item() <= FORWARD_ATOL
-    cotangent = torch.randn(flex.shape, generator=g).cuda()
-    grads = [torch.autograd.grad(out, (q, k, v), cotangent, retain_graph=True) for out in (flex, dense)]
-    for a, b in zip(*grads):
-        assert (a - b).abs().max().item() <= GRAD_RTOL * b.abs().max().item()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_dynamic_compile_trains_like_eager():
-    """The symbolic-size graphs, not the first static one: a batch of another size after the first, compared with
-    eager SDPA on that batch."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_model(seed=5).to("cuda").train()
-    model.set_execution(Execution(prefix_attention="flex", compile=True, dynamic=True))
-    first = make_batch(tiny_config(), MORE_ROWS[:3], seed=31).to("cuda")
-    ar_loss_sums(ar_forward(model, first), first.suffix, HEAD)["loss_sum"].backward()
-    model.zero_grad(set_to_none=True)
-    second = make_batch(tiny_config(), MORE_ROWS[:4], seed=32)
-    on_device = second.to("cuda")
-    logits = ar_forward(model, on_device)
-    ar_loss_sums(logits, on_device.suffix, HEAD)["loss_sum"].backward()
-    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
-    eager = _train_step(second, Execution(), "cuda")
-    assert _max_logit_diff(eager[0], logits.detach().cpu()) <= FORWARD_ATOL
-    name, diff = _worst_grad(eager[2], grads)
-    assert diff <= GRAD_RTOL, name
-
-
 def test_compiled_model_decodes_eagerly_and_byte_identically():
-    """Decode extends the cache by one position a call: compiled blocks would compile a graph per token (the
-    H200 gate of molmo2-x2-h200 hit Dynamo's recompile limit of 64 there). With compile on, the prefix compiles
-    and the decode loop adds no graph, and the tokens are eager's."""
+    """Decode extends the cache by one position a call: compiled blocks would compile a graph per token, up to
+    Dynamo's recompile limit. With compile on, the prefix compiles and the decode loop adds no graph, and the
+    tokens are eager's."""
     from torch._dynamo.utils import counters
 
     from engine.molmo2.model.ar import ar_greedy_decode

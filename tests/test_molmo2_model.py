@@ -14,9 +14,9 @@ from molmo2_fixtures import PAD_ID, Row, make_batch, prefix_kwargs, tiny_config,
 
 from engine.molmo2.model.config import AdapterConfig, Molmo2Config, TextConfig, VisionConfig
 from engine.molmo2.model.model import generate, positions_from_mask, prefix_attention_mask
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 
-# allenai/Molmo2-4B config.json as shipped (reference §1, CFG), verbatim.
+# allenai/Molmo2-4B config.json as shipped, verbatim.
 HUB_4B_CONFIG = {
     "adapter_config": {"attention_dropout": 0.0, "attn_implementation": "sdpa", "float32_attention": True,
                        "head_dim": 72, "hidden_act": "silu", "hidden_size": 1152, "image_feature_dropout": 0.0,
@@ -236,8 +236,8 @@ def test_prefix_mask_semantics():
 
 
 def test_left_padding_does_not_change_real_logits():
-    """A row alone vs the same row left-padded next to a longer one (seed 004 WP4: left-pad invariance), state
-    slot included."""
+    """A row alone vs the same row left-padded next to a longer one (left padding must not change a real token's
+    logits), state slot included."""
     model = tiny_model().eval()
     batch = make_batch(model.config, [Row(images=1, text=3), Row(images=2, text=8)], seed=4).prefix
     real = batch.attention_mask[0]
@@ -312,7 +312,7 @@ def test_generate_refuses_right_padding():
 
 @pytest.mark.parametrize("plant", ["one_missing", "one_extra"])
 @pytest.mark.parametrize(("switches", "error", "needle"), [
-    (HEAD, ValueError, "<im_patch> tokens"),
+    (BASELINE, ValueError, "<im_patch> tokens"),
     (Switches(device_assert_patch_count=True), RuntimeError, "<im_patch> count"),
 ])  # fmt: skip
 def test_planted_patch_count_mismatch_aborts(plant, switches, error, needle):

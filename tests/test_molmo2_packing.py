@@ -1,9 +1,10 @@
-"""Packed training chunks (engine/molmo2/attention/packing.py, run config `pack`): one row of every sample's tokens must
-compute what the padded chunk computes — the same logits at every real suffix token, the same loss, the same
-gradients, within the tolerances of tests/test_molmo2_execution.py — and its block masks must be its dense rules.
+"""Packed training chunks (engine/molmo2/attention/packing.py, run config `pack`): one row of every sample's tokens
+must compute what the padded chunk computes — the same logits at every real suffix token, the same loss, the same
+gradients, within the tolerances of tests/test_molmo2_execution.py — and its block mask and varlen plans must be
+its dense rules.
 
-On the CPU the packed path runs SDPA on dense masks; FlexAttention's (training needs its backward, which the CPU
-lacks) is the CUDA test at the end."""
+On the CPU the packed path runs SDPA on dense masks or the varlen reference; FlexAttention's (training needs its
+backward, which the CPU lacks) and the CUDA varlen kernels are the CUDA tests at the end."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from engine.molmo2.attention.packing import (
     pack,
     packed_prefix_block_mask,
     packed_prefix_mask,
-    packed_suffix_block_mask,
     packed_suffix_mask,
 )
 from engine.molmo2.attention.segments import segments_mask
@@ -72,9 +72,7 @@ def test_pack_lays_the_samples_end_to_end_and_keeps_what_each_token_was(padded):
 
 HOW = {
     "packed": {},
-    "rows": {"pack_attention": "rows"},
     "one-pass": {"pack_one_pass": True},
-    "one-pass-rows": {"pack_one_pass": True, "pack_attention": "rows"},
     "varlen": {"pack_attention": "varlen"},
     "one-pass-varlen": {"pack_one_pass": True, "pack_attention": "varlen"},
     "one-pass-varlen-cudnn": {"pack_one_pass": True, "pack_attention": "varlen-cudnn"},
@@ -84,9 +82,9 @@ HOW = {
 @pytest.mark.parametrize("how", list(HOW))
 @pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
 def test_a_packed_chunk_trains_like_the_padded_one(padded, multiple, how):
-    """Logits at every real suffix token, the loss and every gradient: packed against padded, both eager SDPA,
-    the packed chunk attending on its packed row or on per-sample rows (pack_attention), in two passes (prefix,
-    then suffix) or one (pack_one_pass)."""
+    """Logits at every real suffix token, the loss and every gradient: packed against padded, the padded chunk on
+    eager SDPA, the packed chunk attending on its packed row under dense masks or as varlen segments
+    (pack_attention), in two passes (prefix, then suffix) or one (pack_one_pass)."""
     reference = _train_step(padded, Execution())
     packed = pack(padded, multiple)
     logits, loss, grads = _train_step(packed, Execution(**HOW[how]))
@@ -116,16 +114,16 @@ def test_no_token_attends_across_samples(padded, how):
     assert _max_logit_diff(base[0, own], changed[0, own]) > 1e-3
 
 
-def test_the_packed_block_masks_are_the_dense_rules(padded):
+def test_the_packed_block_mask_is_the_dense_rule(padded):
     packed = pack(padded, multiple=(16, 16))
     k, types = packed.packing, packed.prefix.mm_token_type_ids
     zero = torch.tensor(0)
-    for dense, block in ((packed_prefix_mask(k, types), packed_prefix_block_mask(k, types)),
-                         (packed_suffix_mask(k), packed_suffix_block_mask(k))):  # fmt: skip
-        Q, KV = dense.shape[-2:]
-        rebuilt = block.mask_mod(zero, zero, torch.arange(Q)[:, None], torch.arange(KV)[None, :])
-        assert torch.equal(rebuilt, dense[0, 0])
-        assert bool(dense[0, 0].any(-1).all())  # no query without a key
+    dense, block = packed_prefix_mask(k, types), packed_prefix_block_mask(k, types)
+    Q, KV = dense.shape[-2:]
+    rebuilt = block.mask_mod(zero, zero, torch.arange(Q)[:, None], torch.arange(KV)[None, :])
+    assert torch.equal(rebuilt, dense[0, 0])
+    for rule in (dense, packed_suffix_mask(k)):
+        assert bool(rule[0, 0].any(-1).all())  # no query without a key
 
 
 @pytest.mark.parametrize("multiple", [(1, 1), (16, 16)], ids=["no-tail", "tail-16"])
@@ -168,12 +166,13 @@ def test_a_wrong_varlen_plan_fails_the_dense_rule_check(padded):
 def test_block_masks_from_pairs_are_what_create_block_mask_builds(padded, multiple):
     """At 8-token blocks, so the tiny chunk has many, ragged last ones included: the same partial and full blocks
     as create_block_mask evaluating the rule pair by pair, and flex_attention on it computes SDPA's on the dense
-    mask (the CPU has FlexAttention's forward)."""
+    mask (the CPU has FlexAttention's forward). The prefix's rule on its own row and on the joined row."""
     packed = pack(padded, multiple=multiple)
     k, types = packed.packing, packed.prefix.mm_token_type_ids
-    kinds = torch.zeros(2, dtype=torch.long)  # partial and full blocks seen over both masks
-    for dense, rule in ((packed_prefix_mask(k, types), packed_prefix_block_mask(k, types).mask_mod),
-                        (packed_suffix_mask(k), packed_suffix_block_mask(k).mask_mod)):  # fmt: skip
+    joined, joined_types = k.joined(types)
+    kinds = torch.zeros(2, dtype=torch.long)  # partial and full blocks seen over both rows
+    for packing, image in ((k, types), (joined, joined_types)):
+        dense, rule = packed_prefix_mask(packing, image), packed_prefix_block_mask(packing, image).mask_mod
         Q, KV = dense.shape[-2:]
         ours = block_mask_from_pairs(dense[0, 0], rule, block=8)
         theirs = create_block_mask(rule, 1, None, Q, KV, device="cpu", BLOCK_SIZE=8)
@@ -189,68 +188,17 @@ def test_block_masks_from_pairs_are_what_create_block_mask_builds(padded, multip
 
 
 @pytest.mark.parametrize("how", list(HOW))
-def test_packed_steps_train_like_heads_six_chunks(how):
-    """The runner with `pack = true`, one chunk a step, follows HEAD's six padded chunks over six steps."""
-    head = _step_losses(6, backward_chunks=6)
+def test_packed_steps_train_like_the_baselines_six_chunks(how):
+    """The runner with `pack = true`, one chunk a step, follows the baseline's six padded chunks over six steps."""
+    baseline = _step_losses(6, backward_chunks=6)
     packed = _step_losses(6, backward_chunks=1, pack=True, **HOW[how])
-    assert max(abs(a - b) / a for a, b in zip(head, packed)) <= 1e-5
-
-
-def test_rows_gather_each_samples_tokens_and_back():
-    """packing.Rows: the packed row's tokens gathered into the padded layout are the padded chunk's at every real
-    slot, and gathered back they are the packed row again (prefix, suffix, and the suffix rows' keys)."""
-    padded_chunk = make_batch(tiny_config(), MORE_ROWS, seed=13)
-    packed = pack(padded_chunk, (16, 16))
-    rows = packed.packing.rows
-    for packed_ids, padded_ids, index, back, real in (
-        (
-            packed.prefix.input_ids[0],
-            padded_chunk.prefix.input_ids,
-            rows.prefix_index,
-            rows.prefix_back,
-            rows.prefix_mask,
-        ),
-        (
-            packed.suffix.input_ids[0],
-            padded_chunk.suffix.input_ids,
-            rows.suffix_index,
-            rows.suffix_back,
-            rows.suffix_mask,
-        ),
-    ):
-        gathered = packed_ids[index]
-        assert torch.equal(gathered[real], padded_ids[real])
-        n = int(real.sum())
-        assert torch.equal(gathered.flatten()[back][:n], packed_ids[:n])
-    keys = torch.cat([packed.prefix.input_ids[0], packed.suffix.input_ids[0]])[rows.suffix_keys]
-    real_keys = torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1)
-    assert torch.equal(
-        keys[real_keys], torch.cat([padded_chunk.prefix.input_ids, padded_chunk.suffix.input_ids], 1)[real_keys]
-    )
-    assert torch.equal(packed.packing.to("cpu").rows.suffix_keys, rows.suffix_keys)
-
-
-def test_pack_multiple_rounds_the_packed_rows_and_trains_the_same():
-    """pack_multiple = 128 (FlexAttention's tile): every packed row a whole number of tiles, the same losses as
-    the default rows to fp32 rounding (the tail tokens attend to themselves and nothing reads them)."""
-    runner = Molmo2Runner(
-        PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "pack": True, "pack_multiple": 128}, seed=0
-    )
-    runner.load_data()
-    for step in runner.pool:
-        for chunk in step.chunks:
-            assert chunk.prefix.input_ids.shape[1] % 128 == 0 and chunk.suffix.input_ids.shape[1] % 128 == 0
-    default = _step_losses(3, backward_chunks=1, pack=True)
-    rounded = _step_losses(3, backward_chunks=1, pack=True, pack_multiple=128)
-    assert max(abs(a - b) / a for a, b in zip(default, rounded)) <= 1e-5
+    assert max(abs(a - b) / a for a, b in zip(baseline, packed)) <= 1e-5
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        {"pack_multiple": 128},
-        {"pack": True, "pack_multiple": 0},
-        {"pack_attention": "rows"},
+        {"pack_attention": "varlen"},
         {"pack": True, "pack_attention": "padded"},
         {"pack_one_pass": True},
         {"pack": True, "pack_one_pass": "yes"},
@@ -264,13 +212,15 @@ def test_pack_options_are_refused_without_pack_or_out_of_range(config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("execution", [Execution(prefix_attention="flex", suffix_attention="flex"),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_attention="rows"),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=True),
-                                       Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=True,
-                                                 pack_attention="rows")],
-                         ids=["flex", "flex+compile", "flex+compile+rows", "flex+compile+one-pass", "flex+compile+one-pass+rows"])  # fmt: skip
+@pytest.mark.parametrize(
+    "execution",
+    [
+        Execution(prefix_attention="flex"),
+        Execution(prefix_attention="flex", compile=True),
+        Execution(prefix_attention="flex", compile=True, pack_one_pass=True),
+    ],
+    ids=["flex", "flex+compile", "flex+compile+one-pass"],
+)
 def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -288,9 +238,9 @@ def test_cuda_packed_flex_trains_like_padded_sdpa(padded, execution):
 @pytest.mark.parametrize("kernel", ["varlen", "varlen-cudnn"])
 def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass, kernel):
     """pack_attention = "varlen" (FlashAttention-2) and "varlen-cudnn" (cuDNN's SDPA on the same segments) compute
-    in bf16, so each is held to what bf16 FlexAttention gives on the same packed chunk, compiled, under the same
-    autocast: against the fp32 padded SDPA step, its logits and gradients may be off by at most twice flex's error
-    (plus 1e-3 for the case where flex's error is ~0)."""
+    in bf16, so each is held to what the packed row's masks give on the same chunk (prefix on FlexAttention, suffix
+    on SDPA), compiled, under the same autocast: against the fp32 padded SDPA step, its logits and gradients may be
+    off by at most twice the masks' error (plus 1e-3 for the case where that error is ~0)."""
     if kernel == "varlen-cudnn":
         pytest.importorskip(
             "cudnn", reason="varlen-cudnn needs nvidia-cudnn-frontend (bench/device_env.sh installs it)"
@@ -304,7 +254,7 @@ def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass, kernel):
         with torch.autocast("cuda", torch.bfloat16):
             return _train_step(packed, execution, "cuda")
 
-    flex = bf16_step(Execution(prefix_attention="flex", suffix_attention="flex", compile=True, pack_one_pass=one_pass))
+    flex = bf16_step(Execution(prefix_attention="flex", compile=True, pack_one_pass=one_pass))
     varlen = bf16_step(Execution(compile=True, pack_attention=kernel, pack_one_pass=one_pass))
     real = padded.suffix.attention_mask.bool()
     n = int(real.sum())

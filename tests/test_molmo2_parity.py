@@ -1,9 +1,9 @@
 """Parity with transformers' own Molmo2 (`transformers.models.molmo2`, 5.23): same random weights, same inputs
 (images, 2x2 pooling with invalid slots, two images in a row, left padding), logits compared in fp32.
 
-Where ports differ, the hub's behaviour is pinned (reference §3.3-3.4): features are ADDED at <im_patch>
-(vLLM overwrites), and every image token of a row sees every other one (a per-contiguous-image-group block, as
-the reference describes transformers' port, would hide a later image from an earlier one)."""
+Where ports differ, the hub's behaviour is pinned: features are ADDED at <im_patch> (vLLM overwrites), and every
+image token of a row sees every other one (a block per contiguous group of image tokens would hide a later image
+from an earlier one)."""
 
 from __future__ import annotations
 

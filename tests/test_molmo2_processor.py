@@ -156,8 +156,8 @@ def test_pooling_pads_bottom_right_and_groups_row_major():
 
 
 def test_4b_one_crop_counts():
-    """424 ids / 392 features per image with transformers' defaults (reference §3.3); the hub's processor
-    config drops the low-res <im_col> ids, giving seed 003's 410."""
+    """424 ids / 392 features per image with transformers' defaults; the hub's processor config drops the
+    low-res <im_col> ids, giving 410."""
     image = process_image(random_frame(480, 640, 0), FOUR_B, max_crops=1)
     assert image.tiling == (1, 1) and image.n_crops == 2
     assert image.grid == (14, 14, 14, 14)

@@ -13,9 +13,11 @@ SWITCHES = {
     "branchless_extension_lookup": "P3b: the extension-embedding lookup without the .any() branch",
     "masked_loss_sums": "P3c: mask-multiplied sums instead of boolean indexing in the sum-form losses",
     "no_embed_clone": "P4: no clone of the prefix embedding before the in-place masked feature add",
-    "vit_bf16_attention": "X1: the frozen ViT's attention in bf16 instead of the hub's fp32, training mode only",
+    "vit_bf16_attention": "X1 (retired: dropped at its oracle; its code left the workload): the frozen ViT's "
+    "attention in bf16 instead of the hub's fp32, training mode only",
     "vit_fp16_attention": "X2: the frozen ViT's attention on fp16 inputs instead of the hub's fp32, training mode only",
-    "pool_fp32_math": "X3: the pooling attention as fp32 arithmetic instead of fp32 SDPA, training mode only",
+    "pool_fp32_math": "X3 (retired: dropped by its ladder; its code left the workload): the pooling attention as "
+    "fp32 arithmetic instead of fp32 SDPA, training mode only",
     "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
 }
 
@@ -171,7 +173,7 @@ CONFIG_KEYS = {
             "pack_attention",
             str,
             "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA)",
-            allowed=PACK_ATTENTION,
+            allowed=(*PACK_ATTENTION, "rows"),  # "rows" is retired; frozen documents still name it
         ),
         ConfigKey(
             "pack_one_pass",

@@ -1,6 +1,6 @@
-"""What the S-bundle's oracles ask the workload to measure (DESIGN.md "Names the Molmo2 workload declares").
+"""What the oracles of a Molmo2 registration ask the workload to measure (the probes its declaration names).
 
-Every probe runs the baseline (HEAD) and the item on the same micro-batch from the same initial weights and
+Every probe runs the baseline and the item on the same micro-batch from the same initial weights and
 seed, and returns observed values only; the frozen bounds judge them (oracles/judge.py). A probe that cannot
 run on this profile returns {"error": why}: the oracle fails with that reason, it is never skipped.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, ar_losses
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 
 if TYPE_CHECKING:
     from engine.molmo2.runner import Molmo2Runner
@@ -29,7 +29,10 @@ def _rel(a: float, b: float) -> float:
 def cudnn_unavailable(runner: "Molmo2Runner") -> str | None:
     """Why the P1 switch cannot take effect on this profile, or None when cuDNN attention runs the suffix shape."""
     if runner.device.type != "cuda":
-        return f"cuDNN attention is a CUDA backend; profile {runner.profile.name} runs on the CPU, where P1 switches nothing"
+        return (
+            f"cuDNN attention is a CUDA backend; profile {runner.profile.name} runs on the CPU, where P1 switches "
+            "nothing"
+        )
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     t = runner.config.text
@@ -49,11 +52,6 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
     that compares two identical computations would pass vacuously), or None."""
     if switch == "suffix_cudnn":
         return cudnn_unavailable(runner)
-    if switch == "vit_bf16_attention" and runner.device.type != "cuda":
-        return (
-            f"X1 changes the ViT's attention dtype only under CUDA bf16 autocast; profile {runner.profile.name} "
-            "trains in fp32 on the CPU, where X1 switches nothing"
-        )
     if switch == "clip_in_adamw" and runner.device.type != "cuda":
         return (
             f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
@@ -75,11 +73,11 @@ def _grad_digests(model: torch.nn.Module) -> dict[str, str]:
 
 
 def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """One optimizer step, HEAD vs item: loss, gradient norm, and a hash of every parameter's gradient."""
+    """One optimizer step, baseline vs item: loss, gradient norm, and a hash of every parameter's gradient."""
     if why := switch_inert(runner, switch):
         return {"error": why}
     results = []
-    for switches in (HEAD, _switches(switch)):
+    for switches in (BASELINE, _switches(switch)):
         trainer = runner.fresh(switches)
         loss, grad_norm = trainer.step(runner.probe_step)
         digests = _grad_digests(runner.model)
@@ -104,12 +102,12 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
 
 
 def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """An N-step loss curve from the same init and data, HEAD vs item (this runs backward: the crash gate too)."""
+    """An N-step loss curve from the same init and data, baseline vs item (this runs backward: the crash gate too)."""
     if why := switch_inert(runner, switch):
         return {"error": why}
     steps = int(oracle.get("steps") or 20)
     curves = []
-    for switches in (HEAD, _switches(switch)):
+    for switches in (BASELINE, _switches(switch)):
         trainer = runner.fresh(switches)
         curves.append([float(trainer.step(step)[0]) for step in runner.steps_for(steps)])
     a, b = curves
@@ -130,7 +128,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
 def decode_bytes(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """Greedy decode of a pinned small eval plan, bytes compared (P1 must not reach decode)."""
     outputs = []
-    for switches in (HEAD, _switches(switch)):
+    for switches in (BASELINE, _switches(switch)):
         runner.fresh(switches)
         outputs.append(runner.decode_plan().cpu().numpy().astype("<i8").tobytes())
     a, b = outputs
@@ -153,13 +151,13 @@ def planted_mismatch(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]
 
 
 def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """Embedding outputs on fixed batches with and without FAST (extension) ids, HEAD vs item, bitwise."""
+    """Embedding outputs on fixed batches with and without FAST (extension) ids, baseline vs item, bitwise."""
     chunk = runner.probe_step.chunks[0]
     batches = {"prefix (no FAST ids)": chunk.prefix.input_ids, "suffix (FAST ids)": chunk.suffix.input_ids}
     equal, names = 0, []
     with torch.no_grad():
         for name, ids in batches.items():
-            runner.model.switches = HEAD
+            runner.model.switches = BASELINE
             a = runner.model.embed(ids)
             runner.model.switches = _switches(switch)
             b = runner.model.embed(ids)
@@ -167,18 +165,18 @@ def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
                 equal += 1
             else:
                 names.append(name)
-    runner.model.switches = HEAD
+    runner.model.switches = BASELINE
     return {"equal": equal, "total": len(batches), "first_mismatch": names[0] if names else None}
 
 
 def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """Sum-form losses under the item vs HEAD's boolean-indexed sums, both over the same logits in fp64; and the
-    mean-form losses, which no switch may touch, compared bitwise."""
+    """Sum-form losses under the item vs the baseline's boolean-indexed sums, both over the same logits in fp64;
+    and the mean-form losses, which no switch may touch, compared bitwise."""
     chunk = runner.probe_step.chunks[0]
-    runner.fresh(HEAD)
+    runner.fresh(BASELINE)
     with torch.no_grad():
         logits = ar_forward(runner.model, chunk).double()
-    reference = ar_loss_sums(logits, chunk.suffix, HEAD)
+    reference = ar_loss_sums(logits, chunk.suffix, BASELINE)
     item = ar_loss_sums(logits, chunk.suffix, _switches(switch))
     keys = ("loss_sum", "action_sum", "aux_sum")
     sum_rel = max(_rel(float(reference[k]), float(item[k])) for k in keys)
@@ -186,7 +184,7 @@ def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) 
     mean_head = ar_losses(logits.float(), chunk.suffix)
     runner.model.switches = _switches(switch)
     mean_item = ar_losses(logits.float(), chunk.suffix)
-    runner.model.switches = HEAD
+    runner.model.switches = BASELINE
     mean_keys = ("loss", "action_loss", "aux_loss")
     mismatched = [k for k in mean_keys if not torch.equal(mean_head[k], mean_item[k])]
     return {
@@ -218,13 +216,13 @@ def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
 
 
 def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """A fixed micro-batch forward + backward, HEAD vs item: the logits, the loss and every parameter gradient,
+    """A fixed micro-batch forward + backward, baseline vs item: the logits, the loss and every parameter gradient,
     bitwise. An autograd version-counter error (an in-place add on a tensor backward needs) surfaces here."""
     from engine.molmo2.train.step import autocast
 
     chunk = runner.probe_step.chunks[0]
     captured = []
-    for switches in (HEAD, _switches(switch)):
+    for switches in (BASELINE, _switches(switch)):
         runner.fresh(switches)
         runner.model.train()
         with autocast(runner.device):

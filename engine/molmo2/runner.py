@@ -28,7 +28,7 @@ from engine.molmo2.data.rig import RigDataset
 from engine.molmo2.model.ar import ar_greedy_decode
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 from engine.molmo2.train.distributed import (
     OPTIMIZER_STATE,
     describe,
@@ -76,6 +76,10 @@ GEOMETRIES = {
 # and _run2_pad16).
 COMPILED_PAD_MULTIPLE = (16, 16)
 
+# Run-config values whose ladders parked or dropped them: their code has left the workload (key -> the retired value,
+# or None where any value is). A document that sets them runs only at the commit its provenance records.
+RETIRED_CONFIG = {"suffix_attention": "flex", "pack_attention": "rows", "compile_dynamic": True, "pack_multiple": None}
+
 
 def train_config(config: dict[str, Any]) -> TrainConfig:
     return TrainConfig(
@@ -112,18 +116,12 @@ class Molmo2Runner:
         # pack: each chunk's samples end to end in one row (packing.py): no compute on padding, so no reason to cut
         # a step by camera count; HEAD's steps and HEAD's function.
         self.pack = bool(config.get("pack", False))
-        # pack_multiple: the packed rows' length multiple. 16 keeps few shapes to compile, as for padded rows; 128
-        # is FlexAttention's tile, so its kernels skip the bounds checks of a ragged last tile (IS_DIVISIBLE), for
-        # at most 127 tail tokens a row (~1% of a 4B step's). The default is the padded rows' multiple.
-        self.pack_multiple = config.get("pack_multiple")
-        if self.pack_multiple is not None and (not self.pack or int(self.pack_multiple) < 1):
-            raise ValueError(
-                f"pack_multiple = {self.pack_multiple!r}: needs pack = true and a positive length multiple "
-                f"(e.g. 16 or 128); remove it to keep the default"
-            )
+        for key, value in RETIRED_CONFIG.items():
+            if key in config and (value is None or config[key] == value):
+                raise ValueError(f"{key} = {config[key]!r} is retired: its code has left the workload; run a document "
+                                 f"that sets it at the commit its provenance records, or remove it")  # fmt: skip
         self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
-                                   suffix_attention=config.get("suffix_attention", "sdpa"), compile=config.get("compile", False),
-                                   dynamic=config.get("compile_dynamic", False),
+                                   compile=config.get("compile", False),
                                    pack_attention=config.get("pack_attention", "packed"),
                                    pack_one_pass=config.get("pack_one_pass", False))  # fmt: skip
         for key in ("pack_attention", "pack_one_pass"):
@@ -136,10 +134,9 @@ class Molmo2Runner:
             from engine.molmo2.attention.cudnn import cudnn_frontend
 
             cudnn_frontend()  # a missing package is a config error now, not a failure in the first step
-        for key in ("prefix_attention", "suffix_attention"):
-            if getattr(self.execution, key) == "flex" and self.device.type != "cuda":
-                raise ValueError(f"{key} = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and profile "
-                                 f"{profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
+        if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
+            raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and "
+                             f"profile {profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
         # A rung of several processes: this process's rank (engine.workload.join_ranks ran before), and how the
         # ranks train (validated here, before any load; recorded on the run's end).
         self.ranks = Ranks.current()
@@ -151,7 +148,7 @@ class Molmo2Runner:
         )
         self._initial: dict[str, torch.Tensor] | None = None
         self.trainer: Trainer | None = None
-        self.switches = HEAD
+        self.switches = BASELINE
 
     # ---- load ----
     def load(self) -> None:
@@ -228,8 +225,6 @@ class Molmo2Runner:
         chunks = [self.collator(group[k : k + size]) for group in groups for k in range(0, len(group), size)]
         if self.pack:
             multiple = COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
-            if self.pack_multiple is not None:
-                multiple = (int(self.pack_multiple), int(self.pack_multiple))
             chunks = [pack(chunk, multiple) for chunk in chunks]
         return prepare_step(chunks, self.device)
 
@@ -332,5 +327,5 @@ class Molmo2Runner:
         from engine.molmo2.probes import PROBES
 
         observed = PROBES[probe](self, switch, oracle)
-        self.fresh(HEAD)
+        self.fresh(BASELINE)
         return observed

@@ -1,23 +1,21 @@
-"""The S-bundle of seed 000 as switches. All False is HEAD: the baseline faithful to the seed's code sites."""
+"""The items a Molmo2 registration may test, as switches. All False is the baseline: the training step as the
+S-bundle's code sites have it before any item."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-# Registration switch name -> the seed's item id, for messages and reports.
-SEED_ITEM = {
-    "suffix_cudnn": "P1",
-    "windowed_vram_peak": "P2",
-    "device_assert_patch_count": "P3a",
-    "branchless_extension_lookup": "P3b",
-    "masked_loss_sums": "P3c",
-    "no_embed_clone": "P4",
+# Switches whose ladders dropped them. Frozen documents still name them (the declaration keeps them), but their code
+# has left the workload: such a document runs only at the commit its provenance records.
+RETIRED = {
+    "vit_bf16_attention": "X1, the frozen ViT's attention in bf16",
+    "pool_fp32_math": "X3, the pooling attention as fp32 arithmetic",
 }
 
 
 @dataclass(frozen=True)
 class Switches:
-    # P1: prepend cuDNN to the suffix attention's backend list, in training mode only (decode keeps HEAD's list).
+    # P1: prepend cuDNN to the suffix attention's backend list, in training mode only (decode keeps the baseline's).
     suffix_cudnn: bool = False
     # P2: emit vram_window_peak_gib per window and reset the peak; the lifetime field keeps its monotone meaning.
     windowed_vram_peak: bool = False
@@ -29,28 +27,22 @@ class Switches:
     masked_loss_sums: bool = False
     # P4: no clone of the prefix embedding before the in-place masked feature add.
     no_embed_clone: bool = False
-    # X1 (not a seed item; issue 5's profile): the frozen ViT's attention in the autocast dtype (bf16 under CUDA
-    # autocast: FLASH) instead of the hub's fp32 float32_attention, in training mode only. A numerics change.
-    vit_bf16_attention: bool = False
-    # X2 (not a seed item; X1's successor after X1a refused it): the frozen ViT's attention on fp16 inputs (FLASH
-    # under CUDA; 10 bits of mantissa, 3 more than bf16), in training mode only, on any device. A numerics change.
+    # X2: the frozen ViT's attention on fp16 inputs (FLASH under CUDA; 10 bits of mantissa, 3 more than bf16) instead
+    # of the hub's fp32, in training mode only, on any device. A numerics change.
     vit_fp16_attention: bool = False
-    # X3 (not a seed item; the fast step's profile by self time): the pooling attention (one query against the 4
-    # patches of a 2x2 window) as fp32 arithmetic instead of fp32 SDPA, whose memory-efficient kernel spends 9 ms a
-    # step on 1-row queries at 4B; in training mode only. A numerics change (fp32 reduction order).
-    pool_fp32_math: bool = False
-    # X4 (not a seed item; same profile): the gradient clip folded into the fused AdamW (its grad_scale, as
-    # GradScaler uses it) instead of a multiply over every gradient first (8 ms a step at 4B). Below the clip the
-    # update is HEAD's bitwise; above it, a divide by 1/c instead of a multiply by c. Needs the fused AdamW.
+    # X4: the gradient clip folded into the fused AdamW (its grad_scale, as GradScaler uses it) instead of a multiply
+    # over every gradient first. Below the clip the update is the baseline's bitwise; above it, a divide by 1/c
+    # instead of a multiply by c. Needs the fused AdamW.
     clip_in_adamw: bool = False
-
-    def __post_init__(self) -> None:
-        if self.vit_bf16_attention and self.vit_fp16_attention:
-            raise ValueError("vit_bf16_attention (X1) and vit_fp16_attention (X2) are two precisions for the same "
-                             "ViT attention; switch on at most one")  # fmt: skip
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":
+        retired = sorted(set(names) & set(RETIRED))
+        if retired:
+            raise ValueError(
+                f"switch(es) {retired} are retired ({'; '.join(RETIRED[n] for n in retired)}): their code has left "
+                "the workload; run a document that uses them at the commit its provenance records"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(names) - known)
         if unknown:
@@ -61,4 +53,4 @@ class Switches:
         return tuple(f.name for f in fields(self) if getattr(self, f.name))
 
 
-HEAD = Switches()
+BASELINE = Switches()

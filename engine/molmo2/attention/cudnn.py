@@ -1,12 +1,9 @@
 """A varlen call (segments.VarlenCall) on cuDNN's fused SDPA: run config pack_attention = "varlen-cudnn".
 
-Why: the same segments as pack_attention = "varlen", on a faster kernel. torch's varlen_attn is FlashAttention-2
-(Ampere's kernel, ~150 TFLOP/s in the packed step's profile on the H200); cuDNN's Hopper SDPA kernels take ragged
-segments too, and torch does not expose them with per-segment lengths and a bottom-right causal band, so this goes
-through the cudnn-frontend package's graphs. Measured on the h200-4b pool's largest joined plan
-(bench/cudnn_varlen_probe.py, session 8 call 1, bf16, median of 20 after 3 warm-up): forward + backward of the
-text runs' call 1.43 -> 0.77 ms, the image runs' 2.25 -> 1.35 ms, outputs and gradients within bf16 rounding of
-FlashAttention-2's (largest |difference| 0.03 in dK).
+Why: the same segments as pack_attention = "varlen", on a faster kernel. torch's varlen_attn is FlashAttention-2,
+Ampere's kernel; cuDNN's Hopper SDPA kernels take ragged segments too, and torch does not expose them with
+per-segment lengths and a bottom-right causal band, so this goes through the cudnn-frontend package's graphs.
+bench/cudnn_varlen_probe.py times both kernels per call and compares their outputs and gradients.
 
 How: a call's gathered buffers, q [nq, heads, d] and k, v [nk, kv_heads, d] (token-major, segment after segment),
 are cuDNN ragged tensors: dims [segments, heads, S, d] with each segment's real length (the padding mask) and
@@ -51,8 +48,12 @@ class RaggedLayout:
 def ragged_layout(cu_q: torch.Tensor, cu_k: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> RaggedLayout:
     """The layout of a call from its cumulative segment starts ([B + 1] int32, as FlashAttention takes them)."""
     column = lambda t: t.view(-1, 1, 1, 1)  # noqa: E731
-    return RaggedLayout(column((cu_q[1:] - cu_q[:-1]).int()), column((cu_k[1:] - cu_k[:-1]).int()),
-                        column(cu_q.long() * (heads * head_dim)), column(cu_k.long() * (kv_heads * head_dim)))  # fmt: skip
+    return RaggedLayout(
+        column((cu_q[1:] - cu_q[:-1]).int()),
+        column((cu_k[1:] - cu_k[:-1]).int()),
+        column(cu_q.long() * (heads * head_dim)),
+        column(cu_k.long() * (kv_heads * head_dim)),
+    )
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Packed chunks (run config `pack`, training only): a chunk's samples laid end to end in one row, no padding
 between them, instead of one padded row each.
 
-A padded chunk computes every matmul on its padding (7% of the fast step's tokens at h200-4b, more for HEAD's
-mixed-camera steps) and, cut by camera count to limit that padding, needs two backward chunks a step and a
-gradient accumulation between them. A packed chunk has neither: its prefix row holds each sample's real prefix
-tokens in turn, its suffix row each sample's real suffix tokens, and what the rows were is kept beside them:
+A padded chunk computes every matmul on its padding and, cut by camera count to limit that padding, needs several
+backward chunks a step and a gradient accumulation between them. A packed chunk has neither: its prefix row holds
+each sample's real prefix tokens in turn, its suffix row each sample's real suffix tokens, and what the rows were
+is kept beside them:
 
 - `prefix_doc`, `suffix_doc` [1, N]: the sample (document) of each token, -1 on the row's tail padding (up to the
   compile pad multiple only);
@@ -31,38 +31,16 @@ from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, positions_from_mask
 
 
 @dataclass(frozen=True)
-class Rows:
-    """The padded chunk's layout of a packed chunk, kept for attention on per-sample rows (run config
-    pack_attention = "rows"): the matmuls run on the packed row, the attention on one row per sample, gathered from
-    the packed row and gathered back, under the padded chunk's own masks. Pads name position 0: their queries'
-    outputs are never gathered back, and real queries never see their keys, so what they read does not matter."""
-
-    prefix_index: torch.Tensor  # [B, Lp] long: the packed prefix position of each padded prefix slot
-    prefix_back: torch.Tensor  # [Np] long: each packed prefix token's slot in the flattened [B * Lp] rows
-    prefix_mask: torch.Tensor  # [B, Lp] bool: the padded chunk's prefix attention_mask
-    prefix_types: torch.Tensor  # [B, Lp] long: its mm_token_type_ids
-    suffix_index: torch.Tensor  # [B, Ls] long: the packed suffix position of each padded suffix slot
-    suffix_keys: torch.Tensor  # [B, Lp + Ls] long: the keys of a suffix row: its prefix, then its suffix (at Np + j)
-    suffix_back: torch.Tensor  # [Ns] long
-    suffix_mask: torch.Tensor  # [B, Ls] bool
-
-    def to(self, device: torch.device | str) -> "Rows":
-        return Rows(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
 class Packing:
     prefix_doc: torch.Tensor  # [1, Np] long: the sample of each prefix token, -1 on the tail padding
     prefix_pos: torch.Tensor  # [1, Np] long: its RoPE position within its sample
     suffix_doc: torch.Tensor  # [1, Ns] long
     suffix_pos: torch.Tensor  # [1, Ns] long
-    rows: Rows | None = None  # the padded layout, for pack_attention = "rows"; pack() always sets it
-    segments: PackedSegments | None = None  # the varlen plans, for pack_attention = "varlen"; pack() always sets it
+    segments: PackedSegments  # the varlen plans of its rows, for pack_attention = "varlen" / "varlen-cudnn"
 
     def to(self, device: torch.device | str) -> "Packing":
         moved = (t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos))
-        return Packing(*moved, rows=None if self.rows is None else self.rows.to(device),
-                       segments=None if self.segments is None else self.segments.to(device))  # fmt: skip
+        return Packing(*moved, self.segments.to(device))
 
     def joined(self, mm_token_type_ids: torch.Tensor) -> tuple["Packing", torch.Tensor]:
         """The prefix row and the suffix row as one row [prefix | suffix] (pack_one_pass), as this Packing's prefix
@@ -70,21 +48,11 @@ class Packing:
         stay the suffix's. Every suffix token comes after its whole sample's prefix, so the prefix's rule on the
         joined row (within a sample, causal OR both image, real keys) is both rules at once: a prefix token sees its
         sample's prefix (the suffix comes later and has no image tokens), a suffix token its sample's prefix and,
-        causally, its suffix. The rows join the same way: each sample's prefix slots, then its suffix slots."""
-        rows = self.rows
-        B, Lp = rows.prefix_mask.shape
-        Ls = rows.suffix_mask.shape[1]
-        # a slot of the flattened [B * Lp] prefix rows or [B * Ls] suffix rows, as a slot of [B * (Lp + Ls)]
-        back = torch.cat([rows.prefix_back // Lp * (Lp + Ls) + rows.prefix_back % Lp,
-                          rows.suffix_back // Ls * (Lp + Ls) + Lp + rows.suffix_back % Ls])  # fmt: skip
+        causally, its suffix."""
         types = torch.cat([mm_token_type_ids, torch.zeros_like(self.suffix_doc)], dim=1)
-        joined_rows = replace(rows, prefix_index=rows.suffix_keys, prefix_back=back,
-                              prefix_mask=torch.cat([rows.prefix_mask, rows.suffix_mask], dim=1),
-                              prefix_types=torch.cat([rows.prefix_types, torch.zeros_like(rows.suffix_index)], dim=1))  # fmt: skip
-        segments = replace(self.segments, prefix=self.segments.joined)
         packing = replace(self, prefix_doc=torch.cat([self.prefix_doc, self.suffix_doc], dim=1),
-                          prefix_pos=torch.cat([self.prefix_pos, self.suffix_pos], dim=1), rows=joined_rows,
-                          segments=segments)  # fmt: skip
+                          prefix_pos=torch.cat([self.prefix_pos, self.suffix_pos], dim=1),
+                          segments=replace(self.segments, prefix=self.segments.joined))  # fmt: skip
         return packing, types
 
 
@@ -104,16 +72,6 @@ def _documents(real: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Ten
     """(doc, position within the doc) of each packed token of a [B, L] real-token mask."""
     doc = _flatten(torch.arange(real.shape[0])[:, None].expand_as(real).contiguous(), real, length, -1)
     return doc, _flatten(positions_from_mask(real), real, length, 0)
-
-
-def _slots(real: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a [B, L] real-token mask packed into a row of `length`: each slot's packed position (pads: 0) and each
-    packed position's slot in the flattened [B * L] (the tail: slot 0)."""
-    flat = real.flatten()
-    index = torch.where(real, (torch.cumsum(flat, 0) - 1).view_as(real), 0)
-    back = torch.zeros(length, dtype=torch.long)
-    back[: int(flat.sum())] = torch.nonzero(flat)[:, 0]
-    return index, back
 
 
 def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
@@ -149,12 +107,8 @@ def pack(batch: ARBatch, multiple: tuple[int, int] = (1, 1)) -> ARBatch:
         labels=_flatten(s.labels, s_real, Ns, IGNORE_INDEX),
         action_mask=_flatten(s.action_mask, s_real, Ns, False),
     )
-    prefix_index, prefix_back = _slots(p_real, Np)
-    suffix_index, suffix_back = _slots(s_real, Ns)
-    rows = Rows(prefix_index, prefix_back, p_real, p.mm_token_type_ids, suffix_index,
-                torch.cat([prefix_index, Np + suffix_index], dim=1), suffix_back, s_real)  # fmt: skip
     segments = packed_segments(prefix_doc[0], suffix_doc[0], prefix.mm_token_type_ids[0] == 1)
-    packing = Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos, rows, segments)
+    packing = Packing(prefix_doc, prefix_pos, suffix_doc, suffix_pos, segments)
     return replace(batch, prefix=prefix, suffix=suffix, packing=packing)
 
 
@@ -165,11 +119,10 @@ def block_mask_from_pairs(pairs: torch.Tensor, mask_mod, block: int = 128) -> Bl
     """The BlockMask create_block_mask(mask_mod) builds, from the rule's [Q, KV] bool pairs: the blocks with every
     pair allowed are full, those with some are partial (mask_mod decides within them), the rest are skipped.
 
-    create_block_mask would evaluate mask_mod on every pair, with int64 intermediates of Q x KV (a 10.5k-token
-    packed prefix: 110M pairs, ~1 GB each) eagerly, or through torch.compile, which on a cold H200 took 45 s for
-    the packed suffix's mask and more than 88 s for the prefix's (bench/results/packed_attention_s6), once per new
-    packed length. The bool pairs cost ~110 MB each and no compilation. The tail of a row not a multiple of
-    `block` counts as disallowed, as in create_block_mask, so a ragged block is never full."""
+    create_block_mask would evaluate mask_mod on every pair with int64 intermediates of Q x KV (gigabytes at a
+    packed 4B prefix) eagerly, or through torch.compile, once per new packed length (tens of seconds each). The
+    bool pairs cost a byte a pair and no compilation. The tail of a row not a multiple of `block` counts as
+    disallowed, as in create_block_mask, so a ragged block is never full."""
     Q, KV = pairs.shape
     padded = torch.nn.functional.pad(pairs, (0, -KV % block, 0, -Q % block))
     allowed = padded.view(padded.shape[0] // block, block, padded.shape[1] // block, block).sum((1, 3))
@@ -219,16 +172,3 @@ def packed_suffix_mask(packing: Packing) -> torch.Tensor:
     to_suffix = (s_doc[:, None] == s_doc[None, :]) & (index[:, None] >= index[None, :]) & (s_doc[None, :] >= 0)
     to_suffix = to_suffix | torch.eye(Ns, dtype=torch.bool, device=s_doc.device)
     return torch.cat([to_prefix, to_suffix], dim=1)[None, None]
-
-
-def packed_suffix_block_mask(packing: Packing) -> BlockMask:
-    p_doc, s_doc = packing.prefix_doc[0], packing.suffix_doc[0]
-    Np = p_doc.shape[0]
-
-    def allowed(b, h, q, kv):
-        in_prefix = kv < Np
-        k_doc = torch.where(in_prefix, p_doc[kv.clamp(max=Np - 1)], s_doc[(kv - Np).clamp(min=0)])
-        same = (k_doc == s_doc[q]) & (k_doc >= 0) & (in_prefix | (kv - Np <= q))
-        return same | (kv - Np == q)
-
-    return block_mask_from_pairs(packed_suffix_mask(packing)[0, 0], allowed)

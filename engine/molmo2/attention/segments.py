@@ -14,14 +14,12 @@ to exactly one segment, so nothing is merged: the calls compute the rule's atten
 masks' tail-pad rule included: a pad sees itself).
 
 Why: FlexAttention evaluates the rule pair by pair in its partial blocks, most of a packed row's blocks; the
-varlen kernel has no rule to evaluate. On the H200 (one-pass packed step, profiles in bench/results/):
-FlashAttention-2's kernels take 106 ms a step where FlexAttention took 136, and the whole step 0.596 s against
-0.608 (molmo2-pack-varlen-h200: default-varlen, 2.07%).
+varlen kernel has no rule to evaluate.
 
 The plans are built on the host once per packed chunk (pack()). On CUDA the calls are torch's FlashAttention
 varlen kernel (bf16/fp16), or cuDNN's SDPA on the same segments (Segments.kernel "cudnn", pack_attention
-"varlen-cudnn", cudnn_attention.py); on the CPU, where that kernel does not exist, each segment is one SDPA call with the same
-rule as a dense mask: the function the tests check against the padded chunk in fp32."""
+"varlen-cudnn", cudnn.py); on the CPU, where neither exists, each segment is one SDPA call with the same rule as a
+dense mask: the function the tests check against the padded chunk in fp32."""
 
 from __future__ import annotations
 
@@ -62,7 +60,7 @@ class Segments:
     inverse: torch.Tensor  # [N] long: where each query-row token's output is in the calls' outputs, concatenated
     keys: torch.Tensor  # [S] long: the calls' keys, concatenated (a key-row position per slot)
     key_copies: torch.Tensor  # [Nk, C] long: the slots of each key-row position, padded with S (no slot)
-    kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2) or "cudnn" (cudnn_attention.py)
+    kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2) or "cudnn" (cudnn.py)
 
     def to(self, device: torch.device | str) -> "Segments":
         return Segments(tuple(call.to(device) for call in self.calls), *(t.to(device) for t in
@@ -77,8 +75,8 @@ class Segments:
 class Gather(torch.autograd.Function):
     """x.index_select(0, index), whose backward sums each row's copies by gathering them through `copies` ([rows
     of x, C] indices into index's slots, padded with len(index)), in fp32 at least: index_select's own backward is an
-    atomic bf16 index_add, which cost 51 ms of a 0.63 s step on the H200 (bench/results/device_logs/session7/call3:
-    the profile before this class)."""
+    atomic bf16 index_add, slow on the GPU where many slots hold the same row (a sample's keys repeat in each of its
+    segments)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, copies: torch.Tensor) -> torch.Tensor:
@@ -162,8 +160,11 @@ def _call(segments: list[tuple[list[int], list[int]]], causal: bool) -> VarlenCa
     q_lengths = torch.tensor([len(q) for q, _ in segments])
     k_lengths = torch.tensor([len(k) for _, k in segments])
     starts = lambda lengths: torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).int()])  # noqa: E731
-    return VarlenCall(torch.tensor([i for q, _ in segments for i in q]), torch.tensor([i for _, k in segments for i in k]),
-                      starts(q_lengths), starts(k_lengths), int(q_lengths.max()), int(k_lengths.max()), causal)  # fmt: skip
+    queries = torch.tensor([i for q, _ in segments for i in q])
+    keys = torch.tensor([i for _, k in segments for i in k])
+    return VarlenCall(
+        queries, keys, starts(q_lengths), starts(k_lengths), int(q_lengths.max()), int(k_lengths.max()), causal
+    )
 
 
 def packed_segments(prefix_doc: torch.Tensor, suffix_doc: torch.Tensor, image: torch.Tensor) -> PackedSegments:
@@ -210,8 +211,9 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     if q.device.type == "cuda":
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
         if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"pack_attention = 'varlen' on CUDA computes in bf16 or fp16 (FlashAttention, cuDNN), got "
-                             f"{dtype}; run it under autocast (the h200 profiles do) or pick pack_attention 'packed'")  # fmt: skip
+            raise ValueError(f"pack_attention = 'varlen' on CUDA computes in bf16 or fp16 (FlashAttention, cuDNN), "
+                             f"got {dtype}; run it under autocast (the h200 profiles do) or pick pack_attention "
+                             f"'packed'")  # fmt: skip
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [N, h, d]
     q = Gather.apply(rows(q), segments.queries, segments.inverse[:, None])

@@ -1,8 +1,8 @@
-"""The AR decoder of seeds 003/004 on Molmo2: the prefix (images + prompt + state slot) is encoded once with its
-K/V kept; the loss-bearing suffix (aux text, FAST action tokens, end token) attends to prefix + suffix through
-a dense mask; losses in mean form and in sum form (for chunked accumulation).
+"""The AR decoder on Molmo2: the prefix (images + prompt + state slot) is encoded once with its K/V kept; the
+loss-bearing suffix (aux text, FAST action tokens, end token) attends to prefix + suffix through a dense mask;
+losses in mean form and in sum form (for chunked accumulation).
 
-S-bundle sites here (seed 000): P1, the suffix attention's SDPA backend list, and P3c, the sum-form losses.
+S-bundle sites here: P1, the suffix attention's SDPA backend list, and P3c, the sum-form losses.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from torch.nn.attention import SDPBackend
 from engine.molmo2.attention.packing import Packing
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
 from engine.molmo2.model.model import KVCache, Molmo2Model, greedy_decode
-from engine.molmo2.model.text import HEAD_BACKENDS, backends_context
+from engine.molmo2.model.text import BASELINE_BACKENDS, backends_context
 from engine.molmo2.switches import Switches
 
-# Trainable under the AR recipe (seed 003: "trainable = fast_embed + fresh untied fast_head rows + decoder blocks
-# + ln_f + state_proj; frozen = wte (both matrices) + shipped lm_head"; the vision tower is frozen too).
+# Trainable under the AR recipe: the new FAST rows (embedding and untied head), the decoder blocks, ln_f and the
+# state projection. Frozen: both hub embedding tables, the shipped lm_head and the vision tower.
 TRAINABLE_PREFIXES = (
     "model.transformer.wte.fast_embed",
     "fast_head.",
@@ -39,11 +39,11 @@ def set_ar_trainable(model: Molmo2Model) -> list[str]:
 
 
 def suffix_backends(training: bool, switches: Switches) -> tuple[SDPBackend, ...]:
-    """P1 (seed 000): cuDNN first, in training mode only. Decode and evaluation keep HEAD's list, so every
-    decode byte-anchor stays valid. (Without cuDNN — any CPU — the next entries of the list serve.)"""
+    """P1: cuDNN first, in training mode only. Decode and evaluation keep the baseline's list, so every decode
+    byte-anchor stays valid. (Without cuDNN — any CPU — the next entries of the list serve.)"""
     if training and switches.suffix_cudnn:
-        return (SDPBackend.CUDNN_ATTENTION, *HEAD_BACKENDS)
-    return HEAD_BACKENDS
+        return (SDPBackend.CUDNN_ATTENTION, *BASELINE_BACKENDS)
+    return BASELINE_BACKENDS
 
 
 def encode_prefix(model: Molmo2Model, prefix: PrefixInputs, packing: Packing | None = None) -> KVCache:
@@ -78,7 +78,7 @@ def forward_suffix(
 
 def ar_forward(model: Molmo2Model, batch: ARBatch) -> torch.Tensor:
     if batch.packing is not None and model.execution.pack_one_pass:
-        # the suffix's backends (P1) reach its last block; the joined blocks run the prefix's (HEAD's) list
+        # the suffix's backends (P1) reach its last block; the joined blocks run the prefix's (the baseline's) list
         with backends_context(suffix_backends(model.training, model.switches)):
             hidden = model.joined_suffix_hidden(batch.prefix, batch.suffix.input_ids, batch.packing)
         return model.logits(hidden)
@@ -93,7 +93,7 @@ def ar_greedy_decode(
     every row shares, unpadded). Returns [B, n] generated ids."""
     cache = encode_prefix(model, prefix)
     ones = torch.ones_like(start_ids, dtype=torch.bool)
-    with backends_context(HEAD_BACKENDS):
+    with backends_context(BASELINE_BACKENDS):
         hidden, layers = model.extend(start_ids, ones, cache)
     return greedy_decode(model, cache.appended(layers, ones), model.logits(hidden[:, -1]), max_new_tokens, stop_id)
 
@@ -130,7 +130,7 @@ def ar_losses(logits: torch.Tensor, suffix: SuffixInputs) -> dict[str, torch.Ten
 def ar_loss_sums(logits: torch.Tensor, suffix: SuffixInputs, switches: Switches) -> dict[str, torch.Tensor]:
     """Sum form, for accumulation over backward chunks (the caller divides by the step's total counts).
 
-    HEAD (seed 000 P3c site) sums through boolean indexing, which syncs with the host (nonzero); P3c sums the
+    The baseline (the P3c site) sums through boolean indexing, which syncs with the host (nonzero); P3c sums the
     masked products instead. Cross-entropy is exactly 0.0 at ignored labels, so the two differ only in
     floating-point reduction order."""
     per_token = _token_losses(logits, suffix.labels)

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PrefixInputs:
-    """Images + prompt + state slot, LEFT-padded (seed 004 WP3: left padding)."""
+    """Images + prompt + state slot, LEFT-padded: every row's last column is its last real token, where the suffix
+    and greedy decode continue."""
 
     input_ids: torch.Tensor  # [B, P] long; pad positions hold the pad id
     attention_mask: torch.Tensor  # [B, P] bool; False at padding

@@ -1,4 +1,4 @@
-"""Molmo2 checkpoints in the Hugging Face hub layout (reference §2): `config.json` (the hub's legacy keys),
+"""Molmo2 checkpoints in the Hugging Face hub layout: `config.json` (the hub's legacy keys),
 `model.safetensors.index.json` (`metadata.total_size`, `weight_map`) and its shards, fp32 on disk, cast on load.
 Loading is strict: the key set must be exactly the hub's for the config (plus, in our own AR checkpoints, all of
 the AR extras); nothing is ever downloaded."""
@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import AR_EXTRA_KEYS, Molmo2Model, init_weights
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
@@ -31,8 +31,8 @@ class CheckpointKeyError(ValueError):
 
 
 def hub_key_shapes(config: Molmo2Config) -> dict[str, Shape]:
-    """Every tensor of the hub layout for `config`, in module order, derived from the config alone (reference
-    §2). Only the stored ViT blocks appear (4B: 25 of 27 declared)."""
+    """Every tensor of the hub layout for `config`, in module order, derived from the config alone. Only the
+    stored ViT blocks appear (4B: 25 of 27 declared)."""
     t, v, a = config.text, config.vision, config.adapter
     H = t.hidden_size
     shapes: dict[str, Shape] = {
@@ -157,7 +157,7 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     truncate_layers: int | None = None,
-    switches: Switches = HEAD,
+    switches: Switches = BASELINE,
     seed: int = 0,
 ) -> Molmo2Model:
     """Builds the model from a hub-layout directory. `config` defaults to the directory's config.json. With
@@ -242,7 +242,7 @@ def write_checkpoint(
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """The checkpoint's own tokenizer.json (seed 004: the checkpoint carries its tokenizer)."""
+    """The checkpoint's own tokenizer.json: a checkpoint carries its tokenizer, so ids never depend on a download."""
     path = Path(directory) / TOKENIZER_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json in the checkpoint directory (nothing is downloaded)")

@@ -1,8 +1,8 @@
 """Molmo2 geometry: frozen, validated dataclasses, the hub's config.json reader, and the named geometries.
 
-Field values for "4b" are those of allenai/Molmo2-4B's config.json (reference §1). The AR fields (FAST block,
-state slot) are ours (seeds 003/004); they are not in the hub's config.json and travel in our own checkpoints
-under the top-level key `AR_CONFIG_KEY`.
+Field values for "4b" are those of allenai/Molmo2-4B's config.json. The AR fields (FAST block, state slot) are
+ours: they are not in the hub's config.json and travel in our own checkpoints under the top-level key
+`AR_CONFIG_KEY`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The special tokens sit at fixed offsets above the base vocabulary, in the 128-row extension table
-# (`wte.new_embedding`); reference §1 lists them at 4B as 151936 + offset.
+# (`wte.new_embedding`): at 4B their ids are 151936 + offset.
 SPECIAL_TOKEN_OFFSETS = {
     "image_start": 0,  # <im_start>
     "image_end": 1,  # <im_end>
@@ -54,7 +54,7 @@ def _positive(owner: str, **values: int | float) -> None:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """The Qwen3-style decoder (reference §4)."""
+    """The Qwen3-style decoder."""
 
     hidden_size: int
     num_layers: int
@@ -104,7 +104,7 @@ class TextConfig:
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """The ViT tower (reference §3.2). `num_layers` is the DECLARED depth; only the blocks up to the deepest
+    """The ViT tower. `num_layers` is the DECLARED depth; only the blocks up to the deepest
     tap are built and stored (Molmo2Config.vit_stored_layers)."""
 
     hidden_size: int
@@ -152,7 +152,7 @@ class VisionConfig:
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """2x2 attention pooling over the concatenated ViT taps, then the gated projector (reference §3.2)."""
+    """2x2 attention pooling over the concatenated ViT taps, then the gated projector."""
 
     vit_layers: tuple[int, ...]  # as declared: negative indices count from the DECLARED ViT depth
     hidden_size: int
@@ -179,9 +179,9 @@ class Molmo2Config:
     text: TextConfig
     vision: VisionConfig
     adapter: AdapterConfig
-    # AR decoder (seeds 003/004): the FAST block is a second trainable extension table right after the specials.
+    # AR decoder: the FAST block is a second trainable extension table right after the specials.
     fast_vocab_size: int = 1024
-    state_dim: int = 6  # the rig's robot state (seed 003: "dims 6/6")
+    state_dim: int = 6  # the rig's robot state: the gripper's 6-d pose (data/rig.py STATE_DIM)
     vit_taps: tuple[int, ...] = field(init=False)  # vit_layers resolved to block indices, in concat order
 
     def __post_init__(self) -> None:
@@ -279,7 +279,7 @@ def _tiny(**overrides: Any) -> Molmo2Config:
 
 
 def _4b(**overrides: Any) -> Molmo2Config:
-    """allenai/Molmo2-4B (reference §1)."""
+    """allenai/Molmo2-4B, as its config.json gives it."""
     text = TextConfig(
         hidden_size=2560,
         num_layers=36,

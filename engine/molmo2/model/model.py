@@ -2,8 +2,12 @@
 the decoder, and the heads (the hub's untied lm_head over the base vocabulary + our FAST rows).
 
 State-dict names: the hub's exact keys (`model.transformer.*`, `model.vision_backbone.*`, `lm_head.weight`) plus
-the AR extras in `AR_EXTRA_KEYS`. Three S-bundle sites of seed 000 live here and in text.py, each switched by
-`self.switches` (P3a the patch-count check, P3b the extension lookup, P4 the embedding clone); P1 is in ar.py.
+the AR extras in `AR_EXTRA_KEYS`. Three S-bundle sites live here and in text.py, each switched by `self.switches`
+(P3a the patch-count check, P3b the extension lookup, P4 the embedding clone); P1 is in ar.py.
+
+Attention runs one of a few paths per site, chosen by `self.execution` (execution.py): a padded prefix under its
+dense mask (SDPA) or its block mask (FlexAttention); a packed prefix the same on its packed row, or as varlen
+segments; a suffix, padded or packed, under its dense mask (SDPA), or as varlen segments.
 """
 
 from __future__ import annotations
@@ -15,30 +19,15 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from engine.molmo2.attention.execution import EAGER, VARLEN_KERNELS, Execution
-from engine.molmo2.attention.packing import (
-    Packing,
-    packed_prefix_block_mask,
-    packed_prefix_mask,
-    packed_suffix_block_mask,
-    packed_suffix_mask,
-)
+from engine.molmo2.attention.packing import Packing, packed_prefix_block_mask, packed_prefix_mask, packed_suffix_mask
 from engine.molmo2.model.batch import PrefixInputs, positions_from_mask
 from engine.molmo2.model.config import Molmo2Config
-from engine.molmo2.model.text import (
-    HEAD_BACKENDS,
-    KV,
-    DecoderBlock,
-    Mask,
-    RMSNorm,
-    SampleRows,
-    TextModel,
-    backends_context,
-)
+from engine.molmo2.model.text import BASELINE_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, TextModel, backends_context
 from engine.molmo2.model.vision import VisionBackbone
-from engine.molmo2.switches import HEAD, Switches
+from engine.molmo2.switches import BASELINE, Switches
 
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
-# projection (seeds 003/004). A hub checkpoint lacks them by design; our AR checkpoints carry them.
+# projection, which the AR decoder adds. A hub checkpoint lacks them by design; our AR checkpoints carry them.
 AR_EXTRA_KEYS = ("model.transformer.wte.fast_embed", "fast_head.weight", "state_proj.weight", "state_proj.bias")
 
 
@@ -81,18 +70,6 @@ def continuation_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor
     return torch.cat([cached, new], dim=-1)[:, None]
 
 
-def continuation_block_mask(cache_key_mask: torch.Tensor, attention_mask: torch.Tensor) -> BlockMask:
-    """The same rule as `continuation_mask`, as FlexAttention's block mask (execution.py, suffix "flex")."""
-    B, T = attention_mask.shape
-    P = cache_key_mask.shape[1]
-    real = torch.cat([cache_key_mask.bool(), attention_mask.bool()], dim=1)  # [B, P + T]
-
-    def allowed(b, h, q, kv):
-        return real[b, kv] & ((kv < P) | (kv - P <= q))
-
-    return create_block_mask(allowed, B, None, T, P + T, device=attention_mask.device)
-
-
 @dataclass(frozen=True)
 class KVCache:
     """The K/V of every decoder layer over the positions seen so far (a prefix, then appended tokens)."""
@@ -126,7 +103,7 @@ class Molmo2Trunk(nn.Module):
 
 
 class Molmo2Model(nn.Module):
-    def __init__(self, config: Molmo2Config, switches: Switches = HEAD) -> None:
+    def __init__(self, config: Molmo2Config, switches: Switches = BASELINE) -> None:
         super().__init__()
         self.config = config
         self.switches = switches  # reassign to change rungs without reloading
@@ -149,32 +126,21 @@ class Molmo2Model(nn.Module):
         self.execution = execution
         if execution.compile and self._compiled_blocks is None:
             # Specialised shapes (dynamic=False) with room for every (chunk, prefix/suffix) shape of a pool: past
-            # the default limit of 8 Dynamo would silently run the block eagerly. compile_dynamic: None, Dynamo's
-            # automatic dynamic shapes (a size that changes becomes symbolic at its first recompile).
+            # the default limit of 8 Dynamo would silently run the block eagerly.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            dynamic = None if execution.dynamic else False
-            self._compiled_blocks = [torch.compile(block, dynamic=dynamic) for block in self.transformer.blocks]
-            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=dynamic)
+            self._compiled_blocks = [torch.compile(block, dynamic=False) for block in self.transformer.blocks]
+            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False)
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
-        # X1 (vit_bf16_attention) and X2 (vit_fp16_attention), training mode only: the frozen ViT's attention in
-        # the autocast dtype or in fp16 instead of the hub's fp32; evaluation and decode keep the hub's numerics,
-        # so decode byte-anchors stay valid.
-        precision = None
-        if self.training and self.switches.vit_bf16_attention:
-            precision = "autocast"
-        elif self.training and self.switches.vit_fp16_attention:
-            precision = "fp16"
-        # X3 (pool_fp32_math), training mode only for the same reason.
-        pool = "fp32-math" if self.training and self.switches.pool_fp32_math else None
-        return vision(pixel_values, image_token_pooling, precision, pool)
+        # X2 (vit_fp16_attention), training mode only: the frozen ViT's attention on fp16 inputs instead of the
+        # hub's fp32; evaluation and decode keep the hub's numerics, so decode byte-anchors stay valid.
+        return vision(pixel_values, image_token_pooling, self.training and self.switches.vit_fp16_attention)
 
     def _blocks(self, extending: bool) -> list[DecoderBlock]:
         """Compiled blocks for training and for prefixes; decode runs eager. Greedy decode extends its cache by one
-        position a call, so compiled blocks met a new key length every token: a compilation each (seconds at 4B),
-        until Dynamo's recompile limit ran the rest eagerly anyway (seen on the H200: molmo2-x2-h200's decode
-        oracle hit the limit of 64)."""
+        position a call, so compiled blocks would meet a new key length every token: a compilation each (seconds at
+        4B), until Dynamo's recompile limit ran the rest eagerly anyway."""
         compiled = self.execution.compile and (self.training or not extending)
         return self._compiled_blocks if compiled else list(self.transformer.blocks)
 
@@ -199,7 +165,7 @@ class Molmo2Model(nn.Module):
 
     def _add_image_features(self, input_ids: torch.Tensor, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """x[input_ids == <im_patch>] += features, in <im_patch> order — ADDED to the learned <im_patch> row, as
-        the hub and transformers do (vLLM's overwrite differs unless that row is ~0; reference §3.3)."""
+        the hub and transformers do (vLLM's overwrite differs unless that row is ~0)."""
         B, S, H = x.shape
         is_patch = (input_ids == self.config.image_patch_id).reshape(-1)
         n = features.shape[0]
@@ -207,20 +173,20 @@ class Molmo2Model(nn.Module):
             # P3a: the same guard on the device; a mismatch aborts (on CPU it raises RuntimeError at once).
             torch._assert_async(is_patch.sum() == n, "<im_patch> count != number of image features")
         else:
-            found = int(is_patch.sum())  # HEAD: a host sync per encode (seed 000 P3a site)
+            found = int(is_patch.sum())  # the baseline (the P3a site): a host sync per encode
             if found != n:
                 raise ValueError(f"input_ids hold {found} <im_patch> tokens (id {self.config.image_patch_id}) "
                                  f"but the images give {n} features; prompt and pooling indices disagree")  # fmt: skip
         rows = torch.nonzero_static(is_patch, size=n).squeeze(1)  # size known on the host: no sync
         flat = x.view(B * S, H)
         if not self.switches.no_embed_clone:
-            flat = flat.clone()  # HEAD (seed 000 P4 site); P4 adds in place into the fresh lookup
+            flat = flat.clone()  # the baseline (the P4 site); P4 adds in place into the fresh lookup
         flat.index_add_(0, rows, features.to(flat.dtype))
         return flat.view(B, S, H)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Column j scores token id j over [0, fast_block_base + fast_vocab). The extension ids (image specials)
-        have no head row and can never be produced (reference §1): their columns are -inf."""
+        have no head row and can never be produced: their columns are -inf."""
         base = self.lm_head(hidden)
         fast = self.fast_head(hidden)
         gap = base.new_full((*hidden.shape[:-1], self.config.text.additional_vocab_size), float("-inf"))
@@ -278,7 +244,7 @@ class Molmo2Model(nn.Module):
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
                                   state=state, state_positions=state_positions)  # fmt: skip
         positions = positions_from_mask(attention_mask) if position_ids is None else position_ids
-        with backends_context(HEAD_BACKENDS):
+        with backends_context(BASELINE_BACKENDS):
             hidden, _ = self.decoder(x, positions, prefix_attention_mask(attention_mask, mm_token_type_ids))
         return self.logits(self.transformer.ln_f(hidden))
 
@@ -303,7 +269,7 @@ class Molmo2Model(nn.Module):
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
                                   state=state, state_positions=state_positions, state_rows=state_rows)  # fmt: skip
         positions, mask = self._prefix_attention(attention_mask, mm_token_type_ids, packing)
-        with backends_context(HEAD_BACKENDS):
+        with backends_context(BASELINE_BACKENDS):
             hidden, layers = self.decoder(x, positions, mask, last_layer_kv_only=not last_logits)
         cache = KVCache(tuple(layers), attention_mask.bool(), attention_mask.long().sum(-1))
         if not last_logits:
@@ -336,7 +302,7 @@ class Molmo2Model(nn.Module):
         Np = packing.prefix_doc.shape[1]
         blocks = self._blocks(extending=False)
         rope = self.transformer.rope(positions)
-        with backends_context(HEAD_BACKENDS):
+        with backends_context(BASELINE_BACKENDS):
             for block in blocks[:-1]:
                 x, _ = block(x, rope, mask)
         last = len(blocks) - 1
@@ -345,39 +311,36 @@ class Molmo2Model(nn.Module):
         x, _ = self._blocks(extending=True)[last](x[:, Np:], self.transformer.rope(positions), mask, past)
         return self.transformer.ln_f(x)
 
+    def _packed_path(self) -> str:
+        """Where a packed chunk attends: "masks" (its packed row under per-sample masks, pack_attention = "packed")
+        or the CUDA kernel of its varlen segments ("flash" or "cudnn")."""
+        return VARLEN_KERNELS.get(self.execution.pack_attention, "masks")
+
     def _prefix_attention(self, attention_mask: torch.Tensor | None, mm_token_type_ids: torch.Tensor,
                           packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
-        """(RoPE positions, attention mask) of a prefix: padded, packed, packed attending on per-sample rows, or
-        packed as varlen segments."""
+        """(RoPE positions, attention mask) of a prefix: padded or packed, under the dense rule (SDPA) or its block
+        mask (prefix_attention = "flex"); or packed as varlen segments."""
         flex = self.execution.prefix_attention == "flex"
-        if packing is not None and self.execution.pack_attention in VARLEN_KERNELS:
-            return packing.prefix_pos, packing.segments.prefix.on(VARLEN_KERNELS[self.execution.pack_attention])
-        if packing is not None and self.execution.pack_attention == "rows":
-            rows = packing.rows
-            inner = (prefix_block_mask if flex else prefix_attention_mask)(rows.prefix_mask, rows.prefix_types)
-            return packing.prefix_pos, SampleRows(rows.prefix_index, rows.prefix_index, rows.prefix_back, inner)
-        if packing is not None:
-            return packing.prefix_pos, (packed_prefix_block_mask if flex else packed_prefix_mask)(
-                packing, mm_token_type_ids
-            )
-        mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
-        return positions_from_mask(attention_mask), mask
+        if packing is None:
+            mask = (prefix_block_mask if flex else prefix_attention_mask)(attention_mask, mm_token_type_ids)
+            return positions_from_mask(attention_mask), mask
+        path = self._packed_path()
+        if path == "masks":
+            mask = (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
+            return packing.prefix_pos, mask
+        return packing.prefix_pos, packing.segments.prefix.on(path)
 
     def _suffix_attention(self, attention_mask: torch.Tensor | None, cache: KVCache | None,
                           packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
-        """(RoPE positions, attention mask) of a suffix after `cache`: padded, packed, on per-sample rows, or as
-        varlen segments."""
-        flex = self.training and self.execution.suffix_attention == "flex"
-        if packing is not None and self.execution.pack_attention in VARLEN_KERNELS:
-            return packing.suffix_pos, packing.segments.suffix.on(VARLEN_KERNELS[self.execution.pack_attention])
-        if packing is not None and self.execution.pack_attention == "rows":
-            rows = packing.rows
-            inner = (continuation_block_mask if flex else continuation_mask)(rows.prefix_mask, rows.suffix_mask)
-            return packing.suffix_pos, SampleRows(rows.suffix_index, rows.suffix_keys, rows.suffix_back, inner)
-        if packing is not None:
-            return packing.suffix_pos, packed_suffix_block_mask(packing) if flex else packed_suffix_mask(packing)
-        mask = (continuation_block_mask if flex else continuation_mask)(cache.key_mask, attention_mask)
-        return cache.next_position[:, None] + positions_from_mask(attention_mask), mask
+        """(RoPE positions, attention mask) of a suffix after `cache`: padded or packed under its dense rule (SDPA,
+        whose backends are the P1 site), or packed as varlen segments."""
+        if packing is None:
+            mask = continuation_mask(cache.key_mask, attention_mask)
+            return cache.next_position[:, None] + positions_from_mask(attention_mask), mask
+        path = self._packed_path()
+        if path == "masks":
+            return packing.suffix_pos, packed_suffix_mask(packing)
+        return packing.suffix_pos, packing.segments.suffix.on(path)
 
 
 @torch.no_grad()
@@ -405,15 +368,16 @@ def generate(
 def greedy_decode(model: Molmo2Model, cache: KVCache, first_logits: torch.Tensor, max_new_tokens: int,
                   stop_id: int | None = None) -> torch.Tensor:  # fmt: skip
     """Greedy continuation from a cache whose next-token scores are `first_logits` [B, logits_width]. Decode
-    always uses HEAD's backend list (seed 000 P1: decode numerics are frozen). Returns [B, n] token ids, n <=
-    max_new_tokens; a row that emitted `stop_id` keeps emitting it, and decoding ends once every row has."""
+    always uses the baseline's backend list (P1 reaches training only, so decode numerics stay fixed). Returns
+    [B, n] token ids, n <= max_new_tokens; a row that emitted `stop_id` keeps emitting it, and decoding ends once
+    every row has."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens} is invalid; allowed: >= 1")
     token = first_logits.argmax(-1)
     out = [token]
     done = token == stop_id if stop_id is not None else None
     ones = torch.ones_like(token, dtype=torch.bool)[:, None]
-    with backends_context(HEAD_BACKENDS):
+    with backends_context(BASELINE_BACKENDS):
         for _ in range(max_new_tokens - 1):
             if done is not None and bool(done.all()):
                 break

@@ -1,11 +1,9 @@
-"""The Qwen3-style decoder of Molmo2 (reference §4): embeddings (base + 128-row extension + the FAST block),
-pre-norm blocks with a fused qkv projection, per-head q/k RMSNorm before RoPE, GQA attention through SDPA, the
-fused [up, gate] MLP, and the final norm. Module and parameter names are the hub's (reference §2), so the state
-dict IS the checkpoint layout; the FAST table (`wte.fast_embed`) is ours (seed 004 amendment)."""
+"""The Qwen3-style decoder of Molmo2: embeddings (base + 128-row extension + the FAST block), pre-norm blocks with
+a fused qkv projection, per-head q/k RMSNorm before RoPE, GQA attention, the fused [up, gate] MLP, and the final
+norm. Module and parameter names are the hub's, so the state dict IS the checkpoint layout; the FAST table
+(`wte.fast_embed`) is ours: the AR decoder's action tokens, which the hub has no rows for."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +14,13 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from engine.molmo2.attention.segments import Segments, attend_segments
 from engine.molmo2.model.config import Molmo2Config, TextConfig
 
-# The dispatcher list HEAD pins for decoder attention (seed 000, P1 site: [FLASH, EFFICIENT, MATH]), in this
-# priority order. A dense mask rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
-HEAD_BACKENDS: tuple[SDPBackend, ...] = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+# The dispatcher list the baseline pins for decoder attention (the P1 site), in this priority order. A dense mask
+# rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
+BASELINE_BACKENDS: tuple[SDPBackend, ...] = (
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+)
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [B, kv_heads, L, head_dim]
 
@@ -56,38 +58,18 @@ class Rope:
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-@dataclass(frozen=True)
-class SampleRows:
-    """A packed row's attention computed on one row per sample (packing.Rows, pack_attention = "rows"): queries and
-    keys gathered from the packed row into the padded layout, attended under that layout's mask, the outputs
-    gathered back into the packed row."""
-
-    queries: torch.Tensor  # [B, Lq] long: the packed position of each row slot's query
-    keys: torch.Tensor  # [B, Lk] long: the packed position of each row slot's key
-    back: torch.Tensor  # [Nq] long: each packed query's slot in the flattened [B * Lq] rows
-    mask: torch.Tensor | BlockMask  # the padded layout's rule: a dense bool mask (SDPA) or a BlockMask (flex)
-
-
-Mask = torch.Tensor | BlockMask | SampleRows | Segments | None
+# A dense bool mask (SDPA), a BlockMask (FlexAttention: prefix_attention = "flex"), varlen Segments (a packed row
+# under pack_attention = "varlen" / "varlen-cudnn"), or None (no mask).
+Mask = torch.Tensor | BlockMask | Segments | None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> torch.Tensor:
-    """GQA attention, scale 1/sqrt(head_dim). A dense bool mask goes to SDPA, whose backends the caller picks with
-    `sdpa_kernel`; a BlockMask goes to FlexAttention (execution.py); SampleRows attends a packed row [1, h, N, d]
-    on per-sample rows under either; Segments attends it as FlashAttention's varlen calls (segments.py)."""
+    """GQA attention, scale 1/sqrt(head_dim), dispatched on the mask's kind: Segments to the varlen calls
+    (segments.py), a BlockMask to FlexAttention, a dense bool mask to SDPA, whose backends the caller picks with
+    `sdpa_kernel`."""
     if isinstance(mask, Segments):
         return attend_segments(q, k, v, mask)
-    if isinstance(mask, SampleRows):
-        rows = lambda t, index: t[0][:, index].transpose(0, 1)  # noqa: E731  [1, h, N, d] -> [B, h, L, d]
-        out = attend(rows(q, mask.queries), rows(k, mask.keys), rows(v, mask.keys), mask.mask)
-        B, H, L, D = out.shape
-        return out.transpose(0, 1).reshape(H, B * L, D)[:, mask.back][None]
     if isinstance(mask, BlockMask):
-        if q.device.type == "cuda":
-            # The main Triton kernel, never the decoding one that AUTO picks for fewer than 128 queries with a
-            # power-of-two GQA ratio: the suffix's 96 queries at 4B's 32/8 heads got it, and inductor found no
-            # config to lower it with (NoValidChoicesError on the H200, torch 2.11).
-            return _flex("cuda")(q, k, v, block_mask=mask, enable_gqa=True, kernel_options={"BACKEND": "TRITON"})
         return _flex(q.device.type)(q, k, v, block_mask=mask, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
@@ -129,7 +111,7 @@ class Molmo2Embedding(nn.Module):
     def forward(self, ids: torch.Tensor, *, branchless: bool) -> torch.Tensor:
         vocab = self.embedding.shape[0]
         is_extension = ids >= vocab
-        # HEAD (seed 000 P3b site): a host sync on every call to skip the extension lookup when it is not needed.
+        # The baseline (the P3b site): a host sync on every call to skip the extension lookup when it is not needed.
         # `branchless` (P3b) always takes the second path; torch.where with an all-False mask returns the base
         # rows exactly, so the outputs are bitwise equal either way.
         if not branchless and not bool(is_extension.any()):
@@ -144,7 +126,8 @@ class Attention(nn.Module):
     def __init__(self, t: TextConfig) -> None:
         super().__init__()
         self.t = t
-        # Fused rows: q [0, q_width), k [q_width, q_width + kv_width), v [the rest] (reference §2); no bias.
+        # Fused rows, as the checkpoint stores them: q [0, q_width), k [q_width, q_width + kv_width), v [the rest];
+        # no bias.
         self.att_proj = nn.Linear(t.hidden_size, t.q_width + 2 * t.kv_width, bias=False)
         self.q_norm = RMSNorm(t.head_dim, t.norm_eps)  # per head ("qwen3"), over head_dim
         self.k_norm = RMSNorm(t.head_dim, t.norm_eps)
@@ -168,7 +151,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, t: TextConfig) -> None:
         super().__init__()
-        # Fused rows [up, gate]: up FIRST (reference §4 trap; the usual convention is [gate, up]).
+        # Fused rows [up, gate]: up FIRST, as the checkpoint stores them (the usual convention is [gate, up]).
         self.ff_proj = nn.Linear(t.hidden_size, 2 * t.intermediate_size, bias=False)
         self.ff_out = nn.Linear(t.intermediate_size, t.hidden_size, bias=False)
 

@@ -1,6 +1,6 @@
-"""Molmo2's vision backbone (reference §3.2): a pre-LN ViT over flattened 14x14x3 patches, the concatenated
-taps, 2x2 attention pooling with a masked-mean query, and the gated projector into the decoder's width. Module
-and parameter names are the hub's (`model.vision_backbone.*`, reference §2)."""
+"""Molmo2's vision backbone: a pre-LN ViT over flattened 14x14x3 patches, the concatenated taps, 2x2 attention
+pooling with a masked-mean query, and the gated projector into the decoder's width. Module and parameter names
+are the hub's (`model.vision_backbone.*`), so the state dict is the checkpoint layout."""
 
 from __future__ import annotations
 
@@ -9,21 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.molmo2.model.config import Molmo2Config, VisionConfig
-
-# How an attention call computes q.k and the softmax: "fp32" (the hub's float32_attention), "autocast" (the
-# surrounding autocast dtype, bf16 under CUDA training: X1), "fp16" (fp16 inputs under any autocast: X2).
-ATTENTION_PRECISION = ("fp32", "autocast", "fp16")
-
-
-def fp32_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q.k / sqrt(d)) v in fp32 as products and sums (X3), for few keys: the pooling's one query against 4
-    patches. [.., Lq, d] x [.., Lk, d] -> [.., Lq, d]; mask True = may attend, broadcast to [.., Lq, Lk]."""
-    with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.float(), k.float(), v.float()
-        scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) * q.shape[-1] ** -0.5
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return (scores.softmax(-1)[..., None] * v[..., None, :, :]).sum(-2)
 
 
 class DotProductAttention(nn.Module):
@@ -43,29 +28,20 @@ class DotProductAttention(nn.Module):
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
-        self,
-        x_q: torch.Tensor,
-        x_kv: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        precision: str | None = None,
+        self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None, fp16: bool = False
     ) -> torch.Tensor:
-        """`precision` overrides the configured float32_attention for this call: None, the config's; one of
-        ATTENTION_PRECISION, or "fp32-math" (fp32_attention_math), otherwise."""
+        """`fp16` (X2) computes this call's q.k and softmax on fp16 inputs, whatever float32_attention says."""
         x_kv = x_q if x_kv is None else x_kv
         q, k, v = self._heads(self.wq(x_q)), self._heads(self.wk(x_kv)), self._heads(self.wv(x_kv))
         dtype = q.dtype
-        precision = ("fp32" if self.float32 else "autocast") if precision is None else precision
-        if precision == "fp32-math":
-            attn = fp32_attention_math(q, k, v, mask)
-        elif precision == "autocast":
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        else:
-            # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype. fp16
-            # (X2): the same call on fp16 inputs, which FLASH takes; 10 bits of mantissa against bf16's 7.
-            assert precision in ATTENTION_PRECISION, precision
-            cast = torch.float32 if precision == "fp32" else torch.float16
+        if fp16 or self.float32:
+            # float32_attention: the hub computes q.k (and softmax) in fp32 whatever the surrounding dtype. X2: the
+            # same call on fp16 inputs, which FLASH takes; 10 bits of mantissa against bf16's 7.
+            cast = torch.float16 if fp16 else torch.float32
             with torch.autocast(q.device.type, enabled=False):
                 attn = F.scaled_dot_product_attention(q.to(cast), k.to(cast), v.to(cast), attn_mask=mask)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         attn = attn.to(dtype).transpose(1, 2)
         return self.wo(attn.reshape(*attn.shape[:2], self.num_heads * self.head_dim))
 
@@ -89,8 +65,8 @@ class ViTBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
         self.ffn_norm = nn.LayerNorm(v.hidden_size, eps=v.norm_eps)
 
-    def forward(self, x: torch.Tensor, attention_precision: str | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), precision=attention_precision)
+    def forward(self, x: torch.Tensor, fp16_attention: bool = False) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), fp16=fp16_attention)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -103,7 +79,7 @@ class _Blocks(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """No class token, no pre/post LayerNorm (reference §2). Only `stored_layers` blocks exist."""
+    """No class token, no pre/post LayerNorm. Only `stored_layers` blocks exist."""
 
     def __init__(self, v: VisionConfig, stored_layers: int) -> None:
         super().__init__()
@@ -111,16 +87,14 @@ class VisionTransformer(nn.Module):
         self.positional_embedding = nn.Parameter(torch.empty(v.num_positions, v.hidden_size))
         self.transformer = _Blocks(v, stored_layers)
 
-    def forward(
-        self, pixels: torch.Tensor, taps: tuple[int, ...], attention_precision: str | None = None
-    ) -> torch.Tensor:
+    def forward(self, pixels: torch.Tensor, taps: tuple[int, ...], fp16_attention: bool = False) -> torch.Tensor:
         """pixels: [n_crops, n_patches, patch_dim] -> the tapped blocks' outputs concatenated in `taps` order.
-        `attention_precision` overrides the config's for every block (None: the config's)."""
+        `fp16_attention` (X2) runs every block's attention on fp16 inputs."""
         x = self.patch_embedding(pixels)
         x = x + self.positional_embedding[None].to(x.dtype)
         tapped: dict[int, torch.Tensor] = {}  # only the taps are kept alive (25 block outputs would not be small)
         for index, block in enumerate(self.transformer.resblocks):
-            x = block(x, attention_precision)
+            x = block(x, fp16_attention)
             if index in taps:
                 tapped[index] = x
         return torch.cat([tapped[i] for i in taps], dim=-1)
@@ -152,11 +126,7 @@ class VisionBackbone(nn.Module):
         self.image_projector = ImageProjector(a.hidden_size, a.intermediate_size, config.text.hidden_size)
 
     def forward(
-        self,
-        pixel_values: torch.Tensor,
-        token_pooling: torch.Tensor,
-        vit_attention_precision: str | None = None,
-        pool_precision: str | None = None,
+        self, pixel_values: torch.Tensor, token_pooling: torch.Tensor, vit_fp16_attention: bool = False
     ) -> torch.Tensor:
         """pixel_values [n_crops, n_patches, patch_dim] (every crop of the batch); token_pooling [n_tokens, k]:
         per output token, k indices into the flattened (n_crops * n_patches) features, -1 = invalid slot.
@@ -164,12 +134,13 @@ class VisionBackbone(nn.Module):
 
         Every row must hold at least one valid index (a 2x2 window of the bottom/right-padded patch grid always
         contains its top-left patch); the hub drops all-invalid rows, which only its own per-example batching
-        padding creates — our flat layout has one row per <im_patch> token, so there is nothing to drop. `pool_precision` overrides the pooling attention's (None; X3: "fp32-math")."""
+        padding creates — our flat layout has one row per <im_patch> token, so there is nothing to drop.
+        `vit_fp16_attention` (X2) runs the ViT blocks' attention on fp16 inputs; the pooling keeps the config's."""
         expected = self.config.vision.num_patches
         if pixel_values.shape[1] != expected:
             raise ValueError(f"pixel_values has {pixel_values.shape[1]} patches per crop; this geometry has "
                              f"{expected} (the positional table is never interpolated)")  # fmt: skip
-        features = self.image_vit(pixel_values, self.config.vit_taps, vit_attention_precision)
+        features = self.image_vit(pixel_values, self.config.vit_taps, vit_fp16_attention)
         flat = features.reshape(-1, features.shape[-1])
         valid = token_pooling >= 0
         to_pool = flat[token_pooling.clamp(min=0)] * valid[..., None].to(flat.dtype)  # [n_tokens, k, dim]
@@ -177,7 +148,5 @@ class VisionBackbone(nn.Module):
         count = valid.float().sum(-1)
         count = torch.where(count == 0, 1, count)
         query = to_pool.sum(-2, keepdim=True) / count[:, None, None].to(to_pool.dtype)
-        pooled = self.image_pooling_2d(
-            query, to_pool, mask=valid[:, None, None, :], precision=pool_precision
-        )  # [n_tokens, 1, hidden]
+        pooled = self.image_pooling_2d(query, to_pool, mask=valid[:, None, None, :])  # [n_tokens, 1, hidden]
         return self.image_projector(pooled.squeeze(1))
