@@ -12,7 +12,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import typer
 from rich.console import Console
@@ -21,6 +21,9 @@ from typer.core import TyperGroup
 
 from engine.report.terminal import Column, print_table
 from prereg.errors import LedgerCorrupt, PreregError
+
+if TYPE_CHECKING:
+    from prereg.workload import WorkloadDeclaration
 
 
 class JsonUsageErrors(TyperGroup):
@@ -131,7 +134,8 @@ def esc(value: Any) -> str:
     return escape(str(value))
 
 
-# Registration ids run to 35 characters; folded at 20 they stay two readable lines.
+# The lab's registration ids run to 35 characters: folded at 20 they are two readable lines, and a table that
+# would fold them narrower becomes a list.
 REG_ID_WIDTH = 20
 
 
@@ -656,7 +660,7 @@ def print_plan(reg) -> None:
         out.print(esc(f"kill {kill.id} (at {kill.at}): {kill.when}" + (f" → drops {kill.drops}" if kill.drops else "")))
 
 
-def print_rungs(v: dict[str, Any], workload) -> None:
+def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
     """Two tables: what each rung ran and how it ended, then what it measured (the window fields every workload
     reports, then the metrics the workload's declaration marks for display)."""
     from prereg.display import cell, heading, rung_metrics
@@ -676,10 +680,10 @@ def print_rungs(v: dict[str, Any], workload) -> None:
     metrics = rung_metrics(workload, v["rungs"])
     measured = [[esc(r["rung"]), *(esc(cell(m, r)) for m in metrics)] for r in v["rungs"]]
     columns = [Column("rung", key=True, min_width=6)] + [Column(heading(m), min_width=6) for m in metrics]
-    print_table(out, "measured (read windows: medians; peaks: maxima)", columns, measured)
+    print_table(out, "measured over the read windows", columns, measured)
 
 
-def print_verdict(v: dict[str, Any], workload) -> None:
+def print_verdict(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
     out.print(
         f"[bold]{esc(v['registration'])}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})"
     )

@@ -42,7 +42,7 @@ def test_a_workload_that_declares_an_engine_metric_again_is_refused() -> None:
 
 
 def test_every_document_the_lab_froze_still_validates_with_the_engine_metrics(tmp_path) -> None:
-    """Frozen documents name rc, steps and the rest in reads, pass rules and kill lines (seed 003's F1 ladder:
+    """Frozen documents name rc, steps and the rest in reads, pass rules and kill lines (the F1 memory ladder:
     `rc == 0 and vram_peak_gib <= 125`): every version of every one still resolves."""
     copy = tmp_path / "ledger.db"
     shutil.copyfile(REPO / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
@@ -103,3 +103,18 @@ def test_a_rung_table_shows_the_window_fields_then_what_the_workload_displays() 
     ]
     assert [cell(m, rungs[0]) for m in shown] == ["—", "2.252 [2.2–2.3]", "—", "—", "—", "137,717"]
     assert cell(molmo2.metrics["finite"], rung({"finite": False})) == "no"
+
+
+def test_the_report_shows_and_plots_what_the_workload_declares(tmp_path) -> None:
+    from engine.report.report import write_report
+
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(REPO / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
+    with Ledger.open(str(copy), create=False) as ledger:
+        write_report(ledger, "molmo2-ar-f1-h200x2", tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    header = "| rung | items | status | windows | steps | s/step (median [min–max]) | loss | finite | vram peak GiB | "
+    assert header + "smi peak MiB | note |" in text  # no window peak: none of its rungs measured one
+    assert "| rung7 | — | finished | 5 | 10 | 7.249 [7.049–7.5] | 12.25 | yes | 96.68 | 121,653 |  |" in text
+    # vram_peak_gib and vram_window_peak_gib name the plot "memory": one plot, its file named after it
+    assert "### Memory per window" in text and (tmp_path / "report" / "memory.png").stat().st_size > 0

@@ -103,3 +103,11 @@ def test_check_at_80_columns(narrow: NarrowCli, tmp_path: Path) -> None:
     result = narrow("check", PERF_PASS1)
     assert result.exit_code == 0, result.stderr
     assert_narrow_golden("check-80.txt", normalized(result.stdout, tmp_path))
+
+
+def test_the_plan_a_dry_run_prints_at_80_columns(tmp_path: Path) -> None:
+    narrow = NarrowCli(tmp_path / "fresh.db", tmp_path)
+    narrow.ok("freeze", REPO / "registrations" / "molmo2-perf-pass1-tiny.toml")
+    text = narrow.ok("run", "molmo2-perf-pass1-tiny", "--dry-run").stdout
+    assert max(len(line) for line in text.splitlines()) <= NARROW, text
+    assert "the plan that will run" in text and "P1, P2, P3a, P3b, P3c," in text, text

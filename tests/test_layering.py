@@ -7,6 +7,7 @@ tests/test_no_torch.py checks the CLI's process as well."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +97,35 @@ def test_a_planted_import_is_caught() -> None:
 def test_the_workload_itself_may_import_the_engine_and_torch() -> None:
     source = "import torch\nfrom engine.molmo2.model.ar import ar_forward\nfrom engine.memory.meter import GIB\n"
     assert violations({"engine/molmo2/planted_here.py": source}) == []
+
+
+# The memory meter measures the memory fields a workload reports (and declares); every other generic module shows
+# and judges a workload's metrics only through its declaration.
+MEASURES_WORKLOAD_FIELDS = {"engine/memory/meter.py"}
+
+
+def workload_metric_names() -> set[str]:
+    from prereg.registry import get_workload, installed_workloads
+    from prereg.workload import ENGINE_METRICS, WINDOW_FIELDS
+
+    names = {name for workload in installed_workloads() for name in get_workload(workload).metrics}
+    return names - set(ENGINE_METRICS) - set(WINDOW_FIELDS)
+
+
+def naming_a_workload_metric(modules: dict[str, str], names: set[str]) -> list[str]:
+    pattern = re.compile(r"\b(" + "|".join(sorted(names)) + r")\b")
+    return sorted(
+        f"{path}: {match}"
+        for path, source in modules.items()
+        if not path.startswith("engine/molmo2/") and path not in MEASURES_WORKLOAD_FIELDS
+        for match in set(pattern.findall(source))
+    )
+
+
+def test_the_generic_code_names_no_workloads_metric() -> None:
+    names = workload_metric_names()
+    assert {"vram_peak_gib", "probe_chunk_mae"} <= names
+    modules = sources()
+    assert naming_a_workload_metric(modules, names) == []
+    planted = {**modules, "cli.py": modules["cli.py"] + '\nPEAK = "vram_peak_gib"\n'}
+    assert naming_a_workload_metric(planted, names) == ["cli.py: vram_peak_gib"]

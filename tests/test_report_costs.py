@@ -86,6 +86,27 @@ def test_the_banked_h200_share_of_the_ceiling(h200_cost):
         assert 0 < gate["load"] < gate["probes"] < gate["total"]
 
 
+def test_every_cost_the_lab_ledger_recorded_is_what_the_one_cost_model_computes(tmp_path):
+    """Each decided registration's verdict recorded its cost (the number the ceiling judged); the cost model the
+    verdict, the ceiling, `audit costs` and the report share computes exactly that again, and the report's split
+    sums to it."""
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(ROOT / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
+    checked = 0
+    with Ledger.open(str(copy), create=False) as ledger:
+        for reg_id in ledger.reg_ids():
+            verdicts = list(ledger.entries(reg_id=reg_id, kinds=("verdict",)))
+            if not verdicts:
+                continue
+            state = load_state(ledger, reg_id, with_windows=False)
+            assert cost_summary(ledger, state) == verdicts[-1].data["verdict"]["cost"], reg_id
+            split = ladder_cost(ledger, reg_id, state)
+            assert split["recorded_gpu_s"] == verdicts[-1].data["verdict"]["cost"]["gpu_s"], reg_id
+            assert sum(split["split"].values()) == pytest.approx(split["gpu_s"], abs=1e-6), reg_id
+            checked += 1
+    assert checked >= 10
+
+
 # --- the derivation, on a ledger whose every timestamp is known ----------------------------------------------------
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

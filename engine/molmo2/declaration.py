@@ -84,7 +84,7 @@ METRICS = {
             display=True,
             label="vram peak GiB",
             plot="memory",
-        ),  # fmt: skip
+        ),
         _m(
             "vram_window_peak_gib",
             "GiB",
@@ -93,7 +93,7 @@ METRICS = {
             display=True,
             label="window peak GiB",
             plot="memory",
-        ),  # fmt: skip
+        ),
         _m("vram_reserved_peak_gib", "GiB", "max", "the caching allocator's reserved pool, peak"),
         _m(
             "smi_peak_mib",
@@ -103,7 +103,7 @@ METRICS = {
             display=True,
             label="smi peak MiB",
             format=",.0f",
-        ),  # fmt: skip
+        ),
         _m(
             "probe_chunk_mae",
             "action units",

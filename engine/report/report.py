@@ -23,7 +23,7 @@ from prereg.ledger import Ledger
 from prereg.registry import get_workload
 from prereg.state import load_state
 from prereg.verdict import compute_verdict
-from prereg.workload import WorkloadDeclaration
+from prereg.workload import Metric, WorkloadDeclaration
 
 
 def _windows_by_rung(state, verdict) -> dict[str, list[dict[str, Any]]]:
@@ -182,9 +182,9 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
     )
 
 
-def declared_plots(workload: WorkloadDeclaration) -> dict[str, list]:
+def declared_plots(workload: WorkloadDeclaration) -> dict[str, list[Metric]]:
     """plot name -> the metrics drawn on it, in catalogue order (`Metric.plot`)."""
-    plots: dict[str, list] = {}
+    plots: dict[str, list[Metric]] = {}
     for metric in workload.metrics.values():
         if metric.plot:
             plots.setdefault(metric.plot, []).append(metric)
