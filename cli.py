@@ -12,15 +12,18 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperGroup
 
+from engine.report.terminal import Column, print_table
 from prereg.errors import LedgerCorrupt, PreregError
+
+if TYPE_CHECKING:
+    from prereg.workload import WorkloadDeclaration
 
 
 class JsonUsageErrors(TyperGroup):
@@ -131,6 +134,16 @@ def esc(value: Any) -> str:
     return escape(str(value))
 
 
+# The lab's registration ids run to 35 characters: folded at 20 they are two readable lines, and a table that
+# would fold them narrower becomes a list.
+REG_ID_WIDTH = 20
+
+
+def seconds(value: float) -> str:
+    """Device-seconds as a person compares them down a column: whole seconds with thousands separated."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
 def fmt(value: Any) -> str:
     if value is None:
         return "—"
@@ -222,11 +235,13 @@ def amend(
         if emit(as_json, payload):
             return
         out.print(
-            f"{esc(reg_id)} amendment {payload['version']} · changed {esc(', '.join(payload['changed']))} · entry {entry.seq} · head {entry.head[:16]}"
+            f"{esc(reg_id)} amendment {payload['version']} · changed {esc(', '.join(payload['changed']))}"
+            f" · entry {entry.seq} · head {entry.head[:16]}"
         )
         if flagged:
             out.print(
-                f"[bold yellow]POST-HOC[/]: {esc(', '.join(flagged))} — printed on every verdict, report and audit line that depends on it"
+                f"[bold yellow]POST-HOC[/]: {esc(', '.join(flagged))}"
+                " — printed on every verdict, report and audit line that depends on it"
             )
 
 
@@ -291,6 +306,8 @@ def run(
 @app.command()
 def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Apply the frozen rules to what was measured; record and print the verdict."""
+    from prereg.registry import get_workload
+    from prereg.state import load_state
     from prereg.verdict import record_verdict
 
     with verb(as_json), open_ledger(ledger) as store:
@@ -298,9 +315,11 @@ def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption)
         seq, head = store.head()
         if emit(as_json, {**result, "recorded": appended, "head": head}):
             return
-        print_verdict(result)
+        workload = load_state(store, reg_id, with_windows=False).registration().workload
+        print_verdict(result, get_workload(workload))
         out.print(
-            f"verdict {'recorded' if appended else 'unchanged (already recorded)'} · ledger head {head[:16]} (entry {seq})"
+            f"verdict {'recorded' if appended else 'unchanged (already recorded)'}"
+            f" · ledger head {head[:16]} (entry {seq})"
         )
 
 
@@ -312,7 +331,8 @@ def report(
         None,
         "--compare",
         metavar="OTHER_ID",
-        help="the same question registered with the other protocol.schedule: both cost splits and verdicts side by side",
+        help="the same question registered with the other protocol.schedule: "
+        "both cost splits and verdicts side by side",
     ),
     ledger: str = LedgerOption,
     as_json: bool = JsonOption,
@@ -352,24 +372,25 @@ def report(
 
 
 def print_comparison(summary: dict[str, Any]) -> None:
-    from engine.report.costs import PARTS
+    from prereg.cost import PARTS
 
     a, b = summary["sides"]
-    table = Table(
-        "device-s",
-        f"{esc(a['id'])} ({a['schedule']})",
-        f"{esc(b['id'])} ({b['schedule']})",
-        title="same question, two schedules",
+    columns = [
+        Column("device-s", min_width=12),
+        Column(f"{a['id']} ({a['schedule']})", min_width=14),
+        Column(f"{b['id']} ({b['schedule']})", min_width=14),
+    ]
+    rows = [
+        [label, f"{a['split'].get(name, 0.0):.1f}", f"{b['split'].get(name, 0.0):.1f}"]
+        for name, label in PARTS.items()
+        if name in a["split"] or name in b["split"]
+    ]
+    rows.append(["total (of the ceiling)", *(f"{s['gpu_s']:.1f} ({100 * s['share_of_ceiling']:.1f}%)" for s in (a, b))])
+    rows.append(
+        ["verdict", *(esc(f"{s['outcome']} (rule {s['rule']})" if s["outcome"] else "no rule fired") for s in (a, b))]
     )
-    for name, label in PARTS.items():
-        if name in a["split"] or name in b["split"]:
-            table.add_row(label, f"{a['split'].get(name, 0.0):.1f}", f"{b['split'].get(name, 0.0):.1f}")
-    table.add_row("total (of the ceiling)", *(f"{s['gpu_s']:.1f} ({100 * s['share_of_ceiling']:.1f}%)" for s in (a, b)))
-    table.add_row(
-        "verdict", *(esc(f"{s['outcome']} (rule {s['rule']})" if s["outcome"] else "no rule fired") for s in (a, b))
-    )
-    table.add_row(f"read {esc(a['primary']['read'] or '—')}", *(fmt(s["primary"]["value"]) for s in (a, b)))
-    out.print(table)
+    rows.append([f"read {esc(a['primary']['read'] or '—')}", *(fmt(s["primary"]["value"]) for s in (a, b))])
+    print_table(out, "same question, two schedules", columns, rows)
     same = summary["same_verdict"]
     out.print(
         "[bold green]both reach the same verdict[/]"
@@ -392,15 +413,26 @@ def audit_list(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
         rows = query(store)
         if emit(as_json, {"registrations": rows}):
             return
-        table = Table(title="registrations")
-        for name in ("id", "status", "versions", "outcome", "profile", "frozen"):
-            table.add_column(name, no_wrap=name in ("id", "outcome"))
-        for row in rows:
-            outcome = esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
-            table.add_row(
-                esc(row["id"]), row["status"], str(row["versions"]), outcome, esc(row["profile"]), row["frozen"][:19]
-            )
-        out.print(table)
+        columns = [
+            Column("id", key=True, min_width=REG_ID_WIDTH),
+            Column("status", short=True),
+            Column("versions", short=True),
+            Column("outcome", min_width=12),
+            Column("profile"),
+            Column("frozen", short=True),
+        ]
+        table = [
+            [
+                esc(row["id"]),
+                row["status"],
+                str(row["versions"]),
+                esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""),
+                esc(row["profile"]),
+                row["frozen"][:10],  # the day; `audit show` has the time
+            ]
+            for row in rows
+        ]
+        print_table(out, "registrations", columns, table)
 
 
 @audit_app.command("show")
@@ -415,27 +447,38 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
         out.print(
             f"[bold]{esc(shown['id'])}[/] — {esc(shown['title'])}  ({shown['status']}, profile {esc(shown['profile'])})"
         )
-        versions = Table("v", "entry", "time", "document", "reason", title="versions")
-        for v in shown["versions"]:
-            reason = esc(v["reason"] or "frozen") + (
-                f" [bold yellow]POST-HOC {esc(', '.join(v['post_hoc']))}[/]" if v["post_hoc"] else ""
-            )
-            versions.add_row(str(v["version"]), str(v["seq"]), v["ts"][:19], v["doc_hash"][:12], reason)
-        out.print(versions)
+        versions = [
+            [
+                str(v["version"]),
+                str(v["seq"]),
+                v["ts"][:19],
+                v["doc_hash"][:12],
+                esc(v["reason"] or "frozen")
+                + (f" [bold yellow]POST-HOC {esc(', '.join(v['post_hoc']))}[/]" if v["post_hoc"] else ""),
+            ]
+            for v in shown["versions"]
+        ]
+        columns = [Column("v", short=True), Column("entry", short=True), Column("time", min_width=10)]
+        print_table(
+            out, "versions", columns + [Column("document", short=True), Column("reason", min_width=16)], versions
+        )
         if shown["oracles"]:
-            oracles = Table("oracle", "item", "kind", "result", "observed vs bound", "source", title="oracles")
-            for o in shown["oracles"]:
-                oracles.add_row(
+            oracles = [
+                [
                     esc(o["oracle"]),
                     esc(o["item"]),
                     o["kind"],
                     "[green]pass[/]" if o["passed"] else "[red]fail[/]",
                     esc(o["reason"]),
                     "external" if o["external"] else "engine",
-                )
-            out.print(oracles)
+                ]
+                for o in shown["oracles"]
+            ]
+            columns = [Column("oracle", min_width=8), Column("item", min_width=4), Column("kind"), Column("result")]
+            columns += [Column("observed vs bound", min_width=20), Column("source")]
+            print_table(out, "oracles", columns, oracles)
         if shown["runs"]:
-            runs = Table("rung", "run", "status", "windows", "items", "v", "note", title="runs")
+            runs = []
             for r in shown["runs"]:
                 note = (
                     r["flagged"]
@@ -443,21 +486,20 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
                     or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"))
                     or esc(r["provenance"] or "")
                 )
-                runs.add_row(
-                    esc(r["rung"]),
-                    esc(r["run"]),
-                    r["status"],
-                    str(r["windows"]),
-                    esc(",".join(r["items"]) or "—"),
-                    str(r["version"]),
-                    note,
+                items = esc(", ".join(r["items"]) or "—")
+                runs.append(
+                    [esc(r["rung"]), esc(r["run"]), r["status"], str(r["windows"]), items, str(r["version"]), note]
                 )
-            out.print(runs)
+            columns = [Column("rung", key=True, min_width=6), Column("run", min_width=12), Column("status", short=True)]
+            columns += [Column("windows", short=True), Column("items", min_width=8), Column("v", short=True)]
+            print_table(out, "runs", columns + [Column("note", min_width=16)], runs)
         if shown["verdict"]:
             v = shown["verdict"]
             hits = " ".join(f"{e['n']}{e.get('part') or ''}:{e['result']}" for e in v["expectations"])
             out.print(
-                f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))} · land {esc(v['land'] or '—')} · park {esc(v['park'] or '—')} · expectations {hits or '—'}"
+                f"verdict (entry {v['seq']}): [bold]{esc(fmt(v['outcome']))}[/] by rule {esc(fmt(v['rule']))}"
+                f" · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}"
+                f" · expectations {hits or '—'}"
             )
         if shown["post_hoc"]:
             out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")
@@ -499,20 +541,19 @@ def audit_costs(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
         rows = query(store)
         if emit(as_json, {"registrations": rows}):
             return
-        table = Table("id", "GPU-s", "ceiling GPU-s", "load", "oracle", "steps", "external", "overrun", title="costs")
-        for row in rows:
-            split = row["split"]
-            table.add_row(
+        table = [
+            [
                 esc(row["id"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""),
-                fmt(row["gpu_s"]),
-                fmt(row["ceiling_gpu_s"]),
-                fmt(split["load"]),
-                fmt(split["oracle"]),
-                fmt(split["steps"]),
-                fmt(split["external"]),
+                *(seconds(row[key]) for key in ("gpu_s", "ceiling_gpu_s")),
+                *(seconds(row["split"][part]) for part in ("load", "oracle", "steps", "external")),
                 "[red]OVERRUN[/]" if row["overrun"] else "no",
-            )
-        out.print(table)
+            ]
+            for row in rows
+        ]
+        columns = [Column("id", key=True, min_width=REG_ID_WIDTH)]
+        columns += [Column(name, short=True) for name in ("GPU-s", "ceiling GPU-s", "load", "oracle", "steps")]
+        columns += [Column("external", short=True), Column("overrun", short=True)]
+        print_table(out, "costs (device-seconds)", columns, table)
 
 
 @audit_app.command("calibration")
@@ -524,21 +565,25 @@ def audit_calibration(ledger: str = LedgerOption, as_json: bool = JsonOption) ->
         result = query(store)
         if emit(as_json, result):
             return
-        table = Table("confidence", "p", "scored", "hits", "hit rate", "undefined", title="calibration")
-        for row in result["levels"]:
-            table.add_row(
+        table = [
+            [
                 row["confidence"],
                 fmt(row["p"]),
                 str(row["n"]),
                 str(row["hits"]),
                 fmt(row["hit_rate"]),
                 str(row["undefined"]),
-            )
-        out.print(table)
+            ]
+            for row in result["levels"]
+        ]
+        columns = [Column("confidence", short=True)]
+        columns += [Column(name, short=True) for name in ("p", "scored", "hits", "hit rate", "undefined")]
+        print_table(out, "calibration", columns, table)
         out.print(f"Brier score {fmt(result['brier'])} over {result['scored']} scored expectations")
         if result["post_hoc"]:
             out.print(
-                f"[bold yellow]POST-HOC[/]: the verdicts of {esc(', '.join(result['post_hoc']))} stand on post-hoc amendments"
+                f"[bold yellow]POST-HOC[/]: the verdicts of {esc(', '.join(result['post_hoc']))}"
+                " stand on post-hoc amendments"
             )
 
 
@@ -575,30 +620,36 @@ def audit_import(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOpt
 def print_plan(reg) -> None:
     out.print(f"[bold]{esc(reg.id)}[/] — {esc(reg.title)}")
     out.print(
-        f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule} · {reg.protocol.steps} steps, "
-        f"log every {reg.protocol.log_every}, discard {reg.protocol.discard_first} · ceiling {reg.cost.ceiling_gpu_h} GPU-h ({reg.cost.on_ceiling})"
+        f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule}"
+        f" · {reg.protocol.steps} steps, log every {reg.protocol.log_every}, discard {reg.protocol.discard_first}"
+        f" · ceiling {reg.cost.ceiling_gpu_h} GPU-h ({reg.cost.on_ceiling})"
     )
     if reg.items:
-        items = Table("item", "switch", "bitwise", "oracle", "kind", "probe", "bounds", title="items and their oracles")
+        items = []
         for item in reg.items:
             for index, oracle in enumerate(item.oracles):
                 bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in oracle.bounds.items()) or "—"
-                items.add_row(
-                    esc(item.id) if index == 0 else "",
-                    esc(item.switch) if index == 0 else "",
-                    fmt(item.bitwise) if index == 0 else "",
-                    esc(oracle.id),
-                    oracle.kind,
-                    esc(oracle.probe),
-                    esc(bounds),
+                first = index == 0  # an item's own cells only on its first oracle's line
+                items.append(
+                    [
+                        esc(item.id) if first else "",
+                        esc(item.switch) if first else "",
+                        fmt(item.bitwise) if first else "",
+                        esc(oracle.id),
+                        oracle.kind,
+                        esc(oracle.probe),
+                        esc(bounds),
+                    ]
                 )
-        out.print(items)
-    rungs = Table("rung", "items", "config", title="ladder")
-    for rung in reg.protocol.rungs:
-        rungs.add_row(
-            esc(rung.id), esc(", ".join(rung.items) or "— (baseline)"), esc(json.dumps(reg.rung_config(rung.id)))
-        )
-    out.print(rungs)
+        columns = [Column("item", min_width=4), Column("switch", min_width=12), Column("bitwise", short=True)]
+        columns += [Column("oracle", min_width=8), Column("kind", min_width=8), Column("probe", min_width=10)]
+        print_table(out, "items and their oracles", columns + [Column("bounds", min_width=14)], items)
+    rungs = [
+        [esc(rung.id), esc(", ".join(rung.items) or "— (baseline)"), esc(json.dumps(reg.rung_config(rung.id)))]
+        for rung in reg.protocol.rungs
+    ]
+    columns = [Column("rung", key=True, min_width=6), Column("items", min_width=12), Column("config", min_width=20)]
+    print_table(out, "ladder", columns, rungs)
     if reg.protocol.pass_rule:
         out.print(f"pass rule: {esc(reg.protocol.pass_rule)}")
     for name, text in reg.reads.items():
@@ -609,36 +660,49 @@ def print_plan(reg) -> None:
         out.print(esc(f"kill {kill.id} (at {kill.at}): {kill.when}" + (f" → drops {kill.drops}" if kill.drops else "")))
 
 
-def print_verdict(v: dict[str, Any]) -> None:
+def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
+    """Two tables: what each rung ran and how it ended, then what it measured (the window fields every workload
+    reports, then the metrics the workload's declaration marks for display)."""
+    from prereg.display import cell, heading, rung_metrics
+
+    ran = [
+        [
+            esc(r["rung"]),
+            esc(", ".join(r["items"]) or "—"),
+            fmt(r["status"]),
+            str(r["windows"]),
+            esc(r["why_undefined"] or ("external" if r["external"] else "")),
+        ]
+        for r in v["rungs"]
+    ]
+    columns = [Column("rung", key=True, min_width=6), Column("items", min_width=12), Column("status", short=True)]
+    print_table(out, "rungs", columns + [Column("windows", short=True), Column("note", min_width=20)], ran)
+    metrics = rung_metrics(workload, v["rungs"])
+    measured = [[esc(r["rung"]), *(esc(cell(m, r)) for m in metrics)] for r in v["rungs"]]
+    columns = [Column("rung", key=True, min_width=6)] + [Column(heading(m), min_width=6) for m in metrics]
+    print_table(out, "measured over the read windows", columns, measured)
+
+
+def print_verdict(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
     out.print(
         f"[bold]{esc(v['registration'])}[/] — verdict under document version {v['version']} ({v['doc_hash'][:12]})"
     )
     if v["post_hoc"]:
         out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(v['post_hoc']))}")
     if v["dropped"]:
-        dropped = Table("item", "cause", "observed vs bound", title="dropped items")
+        dropped = []
         for item, why in v["dropped"].items():
             cause = (
                 f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']} on rung {why['rung']}"
             )
-            dropped.add_row(esc(item), esc(cause), esc(why["reason"]))
-        out.print(dropped)
-    rungs = Table(
-        "rung", "items", "status", "windows", "s/step (median \\[min–max])", "vram peak GiB", "note", title="rungs"
-    )
-    for r in v["rungs"]:
-        spread = r["spread"].get("s_per_step")
-        step = fmt(r["summary"].get("s_per_step")) + (f" [{spread[0]:.4g}–{spread[1]:.4g}]" if spread else "")
-        rungs.add_row(
-            esc(r["rung"]),
-            esc(", ".join(r["items"]) or "—"),
-            fmt(r["status"]),
-            str(r["windows"]),
-            esc(step),
-            fmt(r["summary"].get("vram_peak_gib")),
-            esc(r["why_undefined"] or ("external" if r["external"] else "")),
-        )
-    out.print(rungs)
+            dropped.append([esc(item), esc(cause), esc(why["reason"])])
+        columns = [
+            Column("item", min_width=4),
+            Column("cause", min_width=10),
+            Column("observed vs bound", min_width=20),
+        ]
+        print_table(out, "dropped items", columns, dropped)
+    print_rungs(v, workload)
     if v["until_pass"]:
         for rejected in v["until_pass"]["rejected"]:
             out.print(esc(f"rung {rejected['rung']} {rejected['result']}: {rejected['reason']}"))
@@ -646,22 +710,26 @@ def print_verdict(v: dict[str, Any]) -> None:
             f"until-pass: [bold]{esc(v['until_pass']['passed'] or 'none passed')}[/] — {esc(v['until_pass']['reason'])}"
         )
     if v["reads"]:
-        reads = Table("read", "value", "95% interval", "undefined because", title="reads")
+        reads = []
         for name, value in v["reads"].items():
             interval = v["intervals"].get(name)
-            reads.add_row(
-                esc(name),
-                esc(fmt(value)),
-                esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—",
-                esc(v["undefined"].get(name, "")),
+            reads.append(
+                [
+                    esc(name),
+                    esc(fmt(value)),
+                    esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—",
+                    esc(v["undefined"].get(name, "")),
+                ]
             )
-        out.print(reads)
+        columns = [Column("read", min_width=12), Column("value", min_width=8), Column("95% interval", min_width=12)]
+        print_table(out, "reads", columns + [Column("undefined because", min_width=20)], reads)
     for trace in v["rules"]:
         state = "undefined: " + trace["undefined"] if trace["undefined"] else fmt(trace["value"])
         out.print(esc(f"rule {trace['rule']}: {trace['when']} → {state}"))
     if v["rule"]:
         out.print(
-            f"[bold]outcome: {esc(v['outcome'])}[/] (rule {esc(v['rule'])}) · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}"
+            f"[bold]outcome: {esc(v['outcome'])}[/] (rule {esc(v['rule'])})"
+            f" · land {esc(', '.join(v['land']) or '—')} · park {esc(', '.join(v['park']) or '—')}"
         )
         for entry in v["conditional_land"]:
             state = "undefined: " + entry["undefined"] if entry["undefined"] else fmt(entry["value"])
@@ -670,22 +738,25 @@ def print_verdict(v: dict[str, Any]) -> None:
     else:
         out.print("[bold]outcome: none[/] — no rule fired")
     if v["expectations"]:
-        exp = Table("n", "claim", "confidence", "result", title="expectations")
+        expectations = []
         for e in v["expectations"]:
             colour = {"hit": "green", "miss": "red"}.get(e["result"], "yellow")
-            exp.add_row(
-                str(e["n"]) + (e.get("part") or ""),
-                esc(e["claim"]),
-                e["confidence"],
-                f"[{colour}]{e['result']}[/]" + (esc(f" ({e['why']})") if e["why"] else ""),
+            expectations.append(
+                [
+                    str(e["n"]) + (e.get("part") or ""),
+                    esc(e["claim"]),
+                    e["confidence"],
+                    f"[{colour}]{e['result']}[/]" + (esc(f" ({e['why']})") if e["why"] else ""),
+                ]
             )
-        out.print(exp)
+        columns = [Column("n", short=True), Column("claim", min_width=24), Column("confidence", short=True)]
+        print_table(out, "expectations", columns + [Column("result", min_width=9)], expectations)
     cost = v["cost"]
     overrun = " [red]OVERRUN[/]" if cost["overrun"] else ""
     split = cost["split"]
     out.print(
-        f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {split['load']:.1f}, oracle {split['oracle']:.1f}, "
-        f"steps {split['steps']:.1f}, external {split['external']:.1f}){overrun}"
+        f"cost: {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling (load {split['load']:.1f}, "
+        f"oracle {split['oracle']:.1f}, steps {split['steps']:.1f}, external {split['external']:.1f}){overrun}"
     )
 
 

@@ -26,13 +26,14 @@ from typing import Any
 from engine.runlock import RunLock
 from engine.workload import memory_directory, snapshots_in
 from prereg.actions import check_source_unchanged
+from prereg.cost import cost_summary
 from prereg.errors import InvalidInput, LedgerCorrupt, Refused
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
 from prereg.registry import get_workload
 from prereg.schema import Registration
 from prereg.state import RegistrationState, RungRun, load_state, require_frozen
-from prereg.verdict import VerdictEnv, cost_summary, judge_until_pass, rung_views
+from prereg.verdict import VerdictEnv, judge_until_pass, rung_views
 from prereg.workload import Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +160,7 @@ def pending_rungs(reg: Registration, state: RegistrationState) -> list[tuple[Pla
 
 def until_pass_decided(reg: Registration, ledger: Ledger, reg_id: str) -> str | None:
     """The rung that passed, judged as the verdict judges it: with the windows, since a pass rule may read a
-    window metric (vram_peak_gib, loss); judged without them, such a rule never passes and the ladder runs on."""
+    window metric (a memory peak, the loss); judged without them, such a rule never passes and the ladder runs on."""
     state = load_state(ledger, reg_id, with_windows=True)
     views = rung_views(reg, state)
     passed, _, _ = judge_until_pass(state, views, VerdictEnv(reg, state, views, None, None))
@@ -322,10 +323,12 @@ class Ladder:
     def print_plan(self, reg: Registration, state: RegistrationState) -> None:
         if self.console is None:
             return
-        from rich.table import Table
+        from rich.markup import escape
+
+        from engine.report.terminal import Column, print_table
 
         dropped = state.dropped()
-        table = Table("rung", "declared", "will run", "note", title="the plan that will run")
+        rows = []
         for planned in plan_ladder(reg, set(dropped)):
             done, label = (
                 _done(planned, state.runs, reg.protocol.kind == "until_pass") if planned.runs else (False, planned.id)
@@ -333,20 +336,21 @@ class Ladder:
             note = planned.skip or (
                 "done" if done else ("primed: re-run without dropped items" if label != planned.id else "")
             )
-            table.add_row(
-                label,
-                ", ".join(planned.declared) or "—",
-                ", ".join(planned.items) or "—" if planned.runs else "not run",
-                note,
-            )
-        self.console.print(table)
+            will_run = ", ".join(planned.items) or "—" if planned.runs else "not run"
+            rows.append([escape(text) for text in (label, ", ".join(planned.declared) or "—", will_run, note)])
+        columns = [
+            Column("rung", key=True, min_width=6),
+            Column("declared", min_width=12),
+            Column("will run", min_width=12),
+        ]
+        print_table(self.console, "the plan that will run", columns + [Column("note", min_width=16)], rows)
         for item, why in dropped.items():
             where = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']}"
             self.console.print(f"  dropped {item} ({where}): {why['reason']}")
 
     def ceiling_allows(self, reg: Registration, state: RegistrationState, remaining: int) -> tuple[bool, float | None]:
         """Project the ladder's total before a rung; apply on_ceiling. Returns (start the rung?, in-rung deadline)."""
-        cost = cost_summary(reg, state)
+        cost = cost_summary(self.ledger, state)
         spent, ceiling = cost["gpu_s"], cost["ceiling_gpu_s"]
         finished = [
             r.totals["gpu_s"] for r in state.runs if not r.external and r.status == "finished" and "gpu_s" in r.totals
@@ -365,13 +369,15 @@ class Ladder:
             if mode == "stop" or (mode == "finish-rung" and spent >= ceiling):
                 self.ledger.append("ceiling", self.reg_id, {**event, "action": "stopped before the next rung"})
                 self.say(
-                    f"[bold red]cost ceiling[/]: spent {spent:.1f} + projected → {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: stopping"
+                    f"[bold red]cost ceiling[/]: spent {spent:.1f} + projected → {projected:.1f} of {ceiling:.0f}"
+                    f" device-s; on_ceiling = {mode}: stopping"
                 )
                 return False, None
             action = "finishing one more rung" if mode == "finish-rung" else "continuing; the overrun is recorded"
             self.ledger.append("ceiling", self.reg_id, {**event, "action": action})
             self.say(
-                f"[yellow]cost ceiling[/]: projected {projected:.1f} of {ceiling:.0f} device-s; on_ceiling = {mode}: {action}"
+                f"[yellow]cost ceiling[/]: projected {projected:.1f} of {ceiling:.0f} device-s;"
+                f" on_ceiling = {mode}: {action}"
             )
         deadline = ceiling - spent if mode == "stop" else None
         return True, deadline
@@ -382,7 +388,8 @@ class Ladder:
         interrupted = mark_interrupted(self.ledger, state)
         if interrupted:
             self.say(
-                f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end; their rungs re-run from scratch"
+                f"[yellow]interrupted[/]: {', '.join(interrupted)} ended without a run-end;"
+                " their rungs re-run from scratch"
             )
         self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
         state = load_state(self.ledger, self.reg_id, with_windows=False)
@@ -409,7 +416,8 @@ class Ladder:
             if left is not None and estimate and statistics.mean(estimate) > left:
                 stopped = "budget"
                 self.say(
-                    f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s; stopping cleanly — run again to resume"
+                    f"[yellow]time budget[/]: {left:.0f} s left, a rung takes ~{statistics.mean(estimate):.0f} s;"
+                    " stopping cleanly — run again to resume"
                 )
                 break
             args = ["--ledger", self.child_ledger_url(), "--reg", self.reg_id]
@@ -439,19 +447,22 @@ class Ladder:
                 # A rung process that leaves no end in this ledger (it crashed before its run-start, or wrote
                 # elsewhere) would be re-run forever: stop and say so; the next run records it as interrupted.
                 raise RuntimeError(
-                    f"the rung process exited with {rc} without ending its runs {sorted(set(run_ids) - ended)} in {self.ledger.url}"
+                    f"the rung process exited with {rc} without ending its runs {sorted(set(run_ids) - ended)}"
+                    f" in {self.ledger.url}"
                 )
             for kill in state.kills[kills_before:]:
                 drops = f"; contingency: drop {', '.join(kill['drops'])} and re-plan" if kill["drops"] else ""
                 self.say(
-                    f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}: {kill['reason']}{drops}"
+                    f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}:"
+                    f" {kill['reason']}{drops}"
                 )
             failed = [r for r in state.runs if r.run_id in run_ids and r.status == "failed"]
             if failed and reg.protocol.kind != "until_pass":
                 # Re-running it at once would fail the same way, for ever: stop, say why; `prereg run` retries it.
                 for run in failed:
                     self.say(
-                        f"[bold red]rung {run.rung} failed[/]: {(run.ended_by or {}).get('error', 'see the rung process output')}"
+                        f"[bold red]rung {run.rung} failed[/]:"
+                        f" {(run.ended_by or {}).get('error', 'see the rung process output')}"
                     )
                 stopped = "failed"
                 break
@@ -461,11 +472,12 @@ class Ladder:
                 # says so even when that rung was its last; the over-ceiling rung's windows are never read.
                 for run in over:
                     self.say(
-                        f"[bold red]rung {run.rung} ended over the ceiling[/]: it outlasted the device-seconds left under it"
+                        f"[bold red]rung {run.rung} ended over the ceiling[/]:"
+                        " it outlasted the device-seconds left under it"
                     )
                 stopped = "ceiling"
                 break
-            cost = cost_summary(reg, state)
+            cost = cost_summary(self.ledger, state)
             if reg.cost.on_ceiling == "finish-rung" and cost["gpu_s"] >= cost["ceiling_gpu_s"]:
                 stopped = "ceiling"
                 break
@@ -480,7 +492,7 @@ class Ladder:
         if reg.protocol.kind == "until_pass" and until_pass_decided(reg, self.ledger, self.reg_id):
             remaining = []
         seq, head = self.ledger.head()
-        cost = cost_summary(reg, state)
+        cost = cost_summary(self.ledger, state)
         summary = {
             "id": self.reg_id,
             "complete": not remaining and stopped is None,
@@ -493,15 +505,18 @@ class Ladder:
         }
         if remaining:
             self.say(
-                f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)} — `prereg run {self.reg_id}` resumes"
+                f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)}"
+                f" — `prereg run {self.reg_id}` resumes"
             )
         elif stopped:
             self.say(
-                f"ladder stopped ({stopped}) · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})"
+                f"ladder stopped ({stopped}) · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling"
+                f" · ledger head {head[:16]} (entry {seq})"
             )
         else:
             self.say(
-                f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling · ledger head {head[:16]} (entry {seq})"
+                f"ladder complete · {cost['gpu_s']:.1f} device-s of {cost['ceiling_gpu_s']:.0f} ceiling"
+                f" · ledger head {head[:16]} (entry {seq})"
             )
         return summary
 

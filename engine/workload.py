@@ -140,16 +140,17 @@ class WorkloadRunner(Protocol):
         or {"error": why} when the probe cannot run on this profile (a failure, never a skip)."""
 
     def set_switches(self, switches: tuple[str, ...]) -> None:
-        """The switches of the items a rung runs; everything else at HEAD."""
+        """The switches of the items a rung runs; everything else at the baseline."""
 
     def train_window(self, steps: int, should_stop: Callable[[], bool]) -> dict[str, Any]:
         """Run up to `steps` training steps (fewer if should_stop() turns true between steps) and return the
-        window's metrics: steps, s_per_step, tokens_per_s, loss, finite, and the memory fields. Several ranks:
+        window's metrics: the window fields (prereg.workload.WINDOW_FIELDS) and the workload's own declared metrics
+        (a memory peak, a throughput); the engine adds its own (prereg.workload.ENGINE_METRICS). Several ranks:
         call should_stop() exactly once after every step (it is a collective), and return the rung's window —
         the slowest rank's step times, the largest rank's memory — identical on every rank."""
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluation-window metrics (probe_chunk_mae, probe_first_mae)."""
+        """An evaluation window's metrics: those the workload's declaration marks `eval_only`."""
 
     def save(self, directory: str) -> None:
         """A checkpoint at a save boundary (called on every rank; rank 0 writes)."""

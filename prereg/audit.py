@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prereg.cost import cost_summary
 from prereg.ledger import Ledger
 from prereg.schema import CONFIDENCE_PROBABILITY
 from prereg.state import load_state
@@ -116,12 +117,10 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
 
 
 def audit_costs(ledger: Ledger) -> list[dict[str, Any]]:
-    from prereg.verdict import cost_summary
-
     rows = []
     for reg_id in ledger.reg_ids():
         state = load_state(ledger, reg_id, with_windows=False)
-        cost = cost_summary(state.registration(), state)
+        cost = cost_summary(ledger, state)
         rows.append({"id": reg_id, **cost, "post_hoc": bool(state.post_hoc_paths())})
     return rows
 

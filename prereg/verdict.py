@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from prereg.canonical import canonical_hash
+from prereg.cost import cost_summary
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
 from prereg.registry import get_workload
@@ -78,7 +79,10 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
             else:
                 why = f"rung {planned.id} has no finished run (last: {last.status})"
         elif flagged:
-            why = f"rung {planned.id} was recorded with items {list(flagged[-1].items)} against a plan of {list(planned.items)}: {flagged[-1].flagged}"
+            why = (
+                f"rung {planned.id} was recorded with items {list(flagged[-1].items)} against a plan of "
+                f"{list(planned.items)}: {flagged[-1].flagged}"
+            )
         else:
             why = f"rung {planned.id} has not run"
         views[planned.id] = RungView(planned.id, planned, None, {}, {}, why)
@@ -432,7 +436,7 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
     flagged = [
         {"rung": r.rung, "run": r.run_id, "items": list(r.items), "why": r.flagged} for r in state.runs if r.flagged
     ]
-    cost = cost_summary(reg, state)
+    cost = cost_summary(ledger, state)
     verdict = {
         "registration": reg_id,
         "version": state.version,
@@ -456,34 +460,6 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "cost": cost,
     }
     return verdict
-
-
-def cost_summary(reg: Registration, state: RegistrationState) -> dict[str, Any]:
-    """Device-seconds: every rung process from its start (model load included) to its end, times its devices;
-    the oracle gate's processes likewise. External (recorded) rungs count what they report."""
-    split = {"load": 0.0, "oracle": 0.0, "steps": 0.0, "external": 0.0}
-    per_rung: dict[str, float] = {}
-    for run in state.runs:
-        seconds = float(run.totals.get("gpu_s", 0.0))
-        if run.external:
-            split["external"] += seconds
-        else:
-            load = float(run.totals.get("load_gpu_s", 0.0))
-            split["load"] += load
-            split["steps"] += seconds - load
-        per_rung[run.rung] = per_rung.get(run.rung, 0.0) + seconds
-    split["oracle"] = float(sum(g.get("gpu_s", 0.0) for g in state.gates))
-    total = sum(split.values())
-    ceiling_s = reg.cost.ceiling_gpu_h * 3600
-    return {
-        "gpu_s": round(total, 3),
-        "ceiling_gpu_s": ceiling_s,
-        "split": {k: round(v, 3) for k, v in split.items()},
-        "per_rung": {k: round(v, 3) for k, v in per_rung.items()},
-        "overrun": total > ceiling_s,
-        "on_ceiling": reg.cost.on_ceiling,
-        "ceiling_events": state.ceilings,
-    }
 
 
 def verdict_digest(verdict: dict[str, Any]) -> str:

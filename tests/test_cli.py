@@ -1,12 +1,17 @@
 """The command line's contract: --json is one JSON object on stdout and nothing else (on errors too), exit codes,
-read-only verbs leave the ledger's bytes alone, and text from documents is printed as written."""
+read-only verbs leave the ledger's bytes alone, text from documents is printed as written, and a table stays
+readable at any terminal width (engine/report/terminal.py)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 from conftest import MINI, PASSING_ORACLES, Cli, ledger_fingerprint, record_file, rung_record, write
+from rich.console import Console
+
+from engine.report.terminal import Column, column_widths, print_table
 
 
 @pytest.fixture
@@ -152,3 +157,65 @@ def test_json_errors_say_where_and_what_to_do(cli: Cli, frozen_mini: Path, tmp_p
         "fix": "record only planned rungs (amend to add a rung first)",
         "exit_code": 2,
     }
+
+
+# --- tables at any width ----------------------------------------------------------------------------------------
+
+# Rows shaped like `prereg audit list`'s: ids of up to 35 characters, where rich's own squeezing left columns of
+# zero width at 80 columns (headers and values gone).
+LIST_COLUMNS = [
+    Column("id", key=True, min_width=20),
+    Column("status", short=True),
+    Column("versions", short=True),
+    Column("outcome", min_width=12),
+    Column("profile"),
+    Column("frozen", short=True),
+]
+LIST_ROWS = [
+    ["molmo2-perf-pass1-h200-interleaved", "decided", "1", "land-bundle", "h200-4b", "2026-11-30"],
+    ["molmo2-fast-same-steps-h200", "decided", "1", "default-fast-path-same-steps", "h200-4b", "2026-11-30"],
+    ["molmo2-ar-40k", "frozen", "12", "—", "h100x4-4b", "2026-11-30"],
+]
+
+
+def rendered(width: int, columns: list[Column], rows: list[list[str]]) -> str:
+    console = Console(width=width, file=io.StringIO(), highlight=False, soft_wrap=False, color_system=None)
+    print_table(console, "registrations", columns, rows)
+    return console.file.getvalue()
+
+
+def header_cells(text: str) -> list[str]:
+    """A table's headers as printed, each column's header lines joined."""
+    lines = [line.strip().strip("┃").split("┃") for line in text.splitlines() if line.startswith("┃")]
+    return [" ".join(" ".join(parts).split()) for parts in zip(*lines)]
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 90, 100, 120, 160])
+def test_a_table_at_any_width_keeps_every_header_and_value(width: int) -> None:
+    text = rendered(width, LIST_COLUMNS, LIST_ROWS)
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    if "┃" in text:  # a table: every header whole, every short value on one line
+        assert header_cells(text) == [c.header for c in LIST_COLUMNS], text
+        assert all(value in text for row in LIST_ROWS for value in row[1:3] + row[5:])
+    else:  # the list form: every value whole, under its header
+        for row in LIST_ROWS:
+            assert f"id: {row[0]}" in text
+            assert all(f"  {c.header}: {v}" in text for c, v in zip(LIST_COLUMNS[1:], row[1:]))
+
+
+def test_a_table_folds_other_columns_before_its_key_and_drops_to_a_list_only_when_it_must() -> None:
+    natural = column_widths(LIST_COLUMNS, LIST_ROWS, 200)
+    assert natural == [34, 7, 8, 28, 9, 10]
+    folded = column_widths(LIST_COLUMNS, LIST_ROWS, 110)
+    assert folded[0] == 34 and folded[3] < 28  # the outcome folds; the id, the row's name, stays whole
+    narrower = column_widths(LIST_COLUMNS, LIST_ROWS, 90)
+    assert 20 <= narrower[0] < 34  # the key folds last, never under its min_width
+    assert column_widths(LIST_COLUMNS, LIST_ROWS, 80) is None  # below every column's minimum: a list
+    assert "id: molmo2-perf-pass1-h200-interleaved\n  status: decided\n" in rendered(80, LIST_COLUMNS, LIST_ROWS)
+
+
+def test_the_list_form_repeats_the_row_a_continuation_line_belongs_to() -> None:
+    columns = [Column("item"), Column("switch"), Column("oracle", min_width=30), Column("bounds", min_width=30)]
+    rows = [["P1", "suffix_cudnn", "P1a", "loss_abs ≤ 0.001"], ["", "", "P1b", "—"]]
+    text = rendered(40, columns, rows)
+    assert text.split("\n\n")[1].splitlines() == ["item: P1", "  oracle: P1b", "  bounds: —"]

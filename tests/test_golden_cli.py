@@ -1,14 +1,18 @@
 """Golden CLI output: what a person sees from `prereg check` of the S-bundle registration and from `prereg verdict`
-on a fixed replay of its ladder. Hashes, heads and times are normalized; `PREREG_UPDATE_GOLDEN=1` rewrites the files."""
+on a fixed replay of its ladder; and at 80 columns, the narrowest terminal a person reads, `check`, `verdict`,
+`audit list` and `audit show` on a copy of the lab's ledger. Hashes, heads and times are normalized;
+`PREREG_UPDATE_GOLDEN=1` rewrites the files."""
 
 from __future__ import annotations
 
 import difflib
 import os
 import re
+import shutil
 from pathlib import Path
 
-from conftest import PERF_PASS1, Cli
+import pytest
+from conftest import PERF_PASS1, REPO, Cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REPLAY = GOLDEN / "molmo2-perf-pass1.replay.toml"
@@ -53,3 +57,57 @@ def test_verdict_on_a_fixed_replay_of_the_s_bundle_ladder(cli: Cli, tmp_path: Pa
     cli.ok("record", "molmo2-perf-pass1", REPLAY)
     result = cli.ok("verdict", "molmo2-perf-pass1")
     assert_golden("verdict-molmo2-perf-pass1.txt", normalized(result.stdout, tmp_path))
+
+
+# --- 80 columns ---------------------------------------------------------------------------------------------------
+
+NARROW = 80
+
+
+class NarrowCli(Cli):
+    """The CLI in a terminal of 80 columns."""
+
+    def __init__(self, ledger: Path, tmp: Path):
+        super().__init__(ledger, tmp)
+        self._env = {**self._env, "COLUMNS": str(NARROW)}
+
+
+@pytest.fixture
+def narrow(tmp_path: Path) -> NarrowCli:
+    copy = tmp_path / "lab.db"
+    shutil.copyfile(REPO / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
+    return NarrowCli(copy, tmp_path)
+
+
+def assert_narrow_golden(name: str, text: str) -> None:
+    too_wide = [line for line in text.splitlines() if len(line) > NARROW]
+    assert not too_wide, f"lines wider than {NARROW} columns:\n" + "\n".join(too_wide)
+    assert_golden(name, text)
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("audit-list-80.txt", ["audit", "list"]),
+        ("audit-show-80.txt", ["audit", "show", "molmo2-perf-pass1-h200"]),
+        # an until-pass ladder of eight rungs whose rungs report the workload's displayed memory peaks
+        ("verdict-80.txt", ["verdict", "molmo2-ar-f1-h200x2"]),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_the_labs_ledger_at_80_columns(narrow: NarrowCli, tmp_path: Path, name: str, args: list[str]) -> None:
+    assert_narrow_golden(name, normalized(narrow.ok(*args).stdout, tmp_path))
+
+
+def test_check_at_80_columns(narrow: NarrowCli, tmp_path: Path) -> None:
+    result = narrow("check", PERF_PASS1)
+    assert result.exit_code == 0, result.stderr
+    assert_narrow_golden("check-80.txt", normalized(result.stdout, tmp_path))
+
+
+def test_the_plan_a_dry_run_prints_at_80_columns(tmp_path: Path) -> None:
+    narrow = NarrowCli(tmp_path / "fresh.db", tmp_path)
+    narrow.ok("freeze", REPO / "registrations" / "molmo2-perf-pass1-tiny.toml")
+    text = narrow.ok("run", "molmo2-perf-pass1-tiny", "--dry-run").stdout
+    assert max(len(line) for line in text.splitlines()) <= NARROW, text
+    assert "the plan that will run" in text and "P1, P2, P3a, P3b, P3c," in text, text

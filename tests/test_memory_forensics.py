@@ -256,6 +256,58 @@ def test_the_innermost_recognised_frame_decides():
     assert mf.classify_frames([]) == mf.OTHER
 
 
+# The fp32 copy of the logits a training step makes outside any module's forward: only the workload knows that
+# its own function holds activations there.
+LOGITS_CAST = [
+    MALLOC,
+    EMPTY,
+    cpp("at::_ops::_to_copy::call(...)"),
+    py("engine/molmo2/train/step.py", "accumulate_gradients"),
+    py("engine/molmo2/train/step.py", "step"),
+]
+
+
+def test_a_workloads_activation_frames_are_added_to_the_generic_rules():
+    assert mf.classify_frames(LOGITS_CAST) == mf.OTHER  # the generic rules know torch, DDP and autocast only
+    rules = mf.frame_rules({"accumulate_gradients"})
+    assert mf.classify_frames(LOGITS_CAST, rules) == mf.ACTIVATIONS
+    assert mf.top_frame(LOGITS_CAST, rules) == "step.py:10 accumulate_gradients"
+    # added, never overriding: a cast inside that function is still a cast, Adam's state still optimizer state
+    assert mf.classify_frames(STACKS[mf.AUTOCAST_COPIES], rules) == mf.AUTOCAST_COPIES
+    assert mf.classify_frames(STACKS[mf.OPTIMIZER_STATE], rules) == mf.OPTIMIZER_STATE
+
+
+def test_a_snapshot_is_read_with_the_workloads_activation_frames(tmp_path, capsys):
+    fake = FakeAllocator()
+    fake.segment(SEG, 64 * MIB)
+    fake.alloc(at(0), 8 * MIB, LOGITS_CAST)
+    snapshot = fake.snapshot()
+    assert mf.attribute(snapshot).bytes_of(mf.OTHER) == 8 * MIB
+    read = mf.attribute(snapshot, activation_frames={"accumulate_gradients"})
+    assert read.bytes_of(mf.ACTIVATIONS) == 8 * MIB and read.bytes_of(mf.OTHER) == 0
+    path = tmp_path / "rank0-first-window.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert mf.main([str(path), "--workload", "molmo2"]) == 0  # the workload that wrote it names its frames
+    assert "| activations | 0.01 | 12.5% | 1 | 0.01 `step.py:10 accumulate_gradients` |" in capsys.readouterr().out
+
+
+def test_every_activation_frame_molmo2_declares_is_a_function_of_its_code():
+    """A renamed function would silently move its allocations to "other": the names must exist."""
+    import ast
+
+    from prereg.registry import get_workload
+
+    root = Path(__file__).resolve().parent.parent / "engine" / "molmo2"
+    defined = {
+        node.name
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    frames = get_workload("molmo2").activation_frames
+    assert frames and frames <= defined, sorted(frames - defined)
+
+
 def test_top_frame_names_the_deciding_library_frame_then_the_projects_own_code():
     assert mf.top_frame(STACKS[mf.OPTIMIZER_STATE]) == "adamw.py:10 _init_group <- step.py:10 step"
     assert mf.top_frame(STACKS[mf.AUTOCAST_COPIES]) == "at::autocast::cached_cast <- step.py:10 accumulate_gradients"
@@ -534,3 +586,14 @@ def test_a_report_embeds_the_forensics_of_every_recorded_snapshot(tmp_path):
     assert "| parameters | 0.01 | 12.5% |" in lines  # the table itself, read from the pickle
     assert f"`{tmp_path / 'gone.pickle'}`: not on this machine" in lines
     assert memory_lines(type("State", (), {"runs": runs[1:]})()) == []
+    # The report reads each snapshot with the activation frames of the workload that wrote it.
+    fake = FakeAllocator()
+    fake.segment(SEG, 64 * MIB)
+    fake.alloc(at(0), 8 * MIB, LOGITS_CAST)
+    cast = tmp_path / "rank0-cast.pickle"
+    cast.write_bytes(pickle.dumps(fake.snapshot()))
+    state = type(
+        "State", (), {"runs": [RungRun("r3", "A", (), 0, "finished", False, 3, memory_snapshots=(str(cast),))]}
+    )
+    assert "| activations | 0.00 |" in "\n".join(memory_lines(state()))
+    assert "| activations | 0.01 | 12.5% |" in "\n".join(memory_lines(state(), frozenset({"accumulate_gradients"})))

@@ -60,3 +60,12 @@ def test_the_cli_never_imports_torch(tmp_path: Path) -> None:
     outcome = json.loads(result.stderr.strip().splitlines()[-1])
     assert outcome["codes"] == [0] * len(VERBS), (outcome, result.stderr[-2000:])
     assert outcome["torch"] is False
+
+
+def test_importing_the_cli_imports_no_torch() -> None:
+    """The bare import, apart from any verb: what `prereg --help` and shell completion pay for (tests/test_layering.py
+    reads the same rule from cli.py's source)."""
+    probe = 'import sys, cli; print("torch" in sys.modules, "engine.molmo2" in sys.modules)'
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]

@@ -1,6 +1,7 @@
-"""What a ladder costs (engine/report/costs.py): device-seconds split into model load, oracle gate, steps and the rest,
-read from the ledger, summing to what was recorded, against the ceiling; and two registrations of one question that
-differ only in their schedule, side by side — refused, with nothing written, when they ask different questions."""
+"""What a ladder costs (prereg/cost.py, written out by engine/report/costs.py): device-seconds split into model
+load, oracle gate, steps and the rest, read from the ledger, summing to what was recorded, against the ceiling; and
+two registrations of one question that differ only in their schedule, side by side — refused, with nothing
+written, when they ask different questions."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import MINI, ledger_fingerprint, prereg_process, write
 
-from engine.report.costs import PARTS, compare_schedules, ladder_cost, same_question
+from engine.report.costs import compare_schedules, same_question
 from prereg import actions
+from prereg.cost import PARTS, cost_summary, ladder_cost
 from prereg.ledger import Ledger
 from prereg.ledger.envelope import TS_FORMAT
 from prereg.state import load_state
-from prereg.verdict import cost_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
@@ -47,7 +48,7 @@ def h200_cost(tmp_path_factory):
     shutil.copyfile(ROOT / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
     with Ledger.open(str(copy), create=False) as ledger:
         state = load_state(ledger, "molmo2-perf-pass1-h200", with_windows=False)
-        return ladder_cost(ledger, "molmo2-perf-pass1-h200", state), cost_summary(state.registration(), state), state
+        return ladder_cost(ledger, "molmo2-perf-pass1-h200", state), cost_summary(ledger, state), state
 
 
 def test_the_banked_h200_split_sums_to_each_rungs_recorded_total_and_to_the_verdicts_cost(h200_cost):
@@ -83,6 +84,27 @@ def test_the_banked_h200_share_of_the_ceiling(h200_cost):
     ]  # the session's time budget split the gate
     for gate in gates:
         assert 0 < gate["load"] < gate["probes"] < gate["total"]
+
+
+def test_every_cost_the_lab_ledger_recorded_is_what_the_one_cost_model_computes(tmp_path):
+    """Each decided registration's verdict recorded its cost (the number the ceiling judged); the cost model the
+    verdict, the ceiling, `audit costs` and the report share computes exactly that again, and the report's split
+    sums to it."""
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(ROOT / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
+    checked = 0
+    with Ledger.open(str(copy), create=False) as ledger:
+        for reg_id in ledger.reg_ids():
+            verdicts = list(ledger.entries(reg_id=reg_id, kinds=("verdict",)))
+            if not verdicts:
+                continue
+            state = load_state(ledger, reg_id, with_windows=False)
+            assert cost_summary(ledger, state) == verdicts[-1].data["verdict"]["cost"], reg_id
+            split = ladder_cost(ledger, reg_id, state)
+            assert split["recorded_gpu_s"] == verdicts[-1].data["verdict"]["cost"]["gpu_s"], reg_id
+            assert sum(split["split"].values()) == pytest.approx(split["gpu_s"], abs=1e-6), reg_id
+            checked += 1
+    assert checked >= 10
 
 
 # --- the derivation, on a ledger whose every timestamp is known ----------------------------------------------------

@@ -93,6 +93,8 @@ class FrameRule:
 
 # Checked against each frame from the innermost outwards; the first frame any rule matches decides, so an
 # autocast cast inside a forward is a cast and Adam's `_init_group` inside the training step is optimizer state.
+# These know torch, DDP and autocast only; a workload adds the functions of its own code that hold activations
+# outside any module's forward (WorkloadDeclaration.activation_frames: a functional forward, its loss).
 FRAME_RULES: tuple[FrameRule, ...] = (
     FrameRule(REDUCER_BUCKETS, native="c10d::Reducer"),  # DDP's buckets, allocated when DDP is constructed
     FrameRule(REDUCER_BUCKETS, function="_ddp_init_helper"),  # the same, when only Python stacks were recorded
@@ -107,13 +109,16 @@ FRAME_RULES: tuple[FrameRule, ...] = (
     FrameRule(PARAMETERS, function="load_state_dict"),
     FrameRule(PARAMETERS, function="_load_from_state_dict"),
     FrameRule(ACTIVATIONS, function="forward"),  # any module's forward: what autograd saves lives here
-    FrameRule(ACTIVATIONS, function="ar_forward"),  # engine/molmo2/model/ar.py, around the model's forward
-    FrameRule(ACTIVATIONS, function="ar_loss_sums"),
-    FrameRule(ACTIVATIONS, function="accumulate_gradients"),  # train.py: logits cast, the chunk's loss
     FrameRule(ACTIVATIONS, native="torch::autograd::Engine"),  # backward temporaries (the device thread)
     FrameRule(ACTIVATIONS, function="_engine_run_backward"),
     FrameRule(ACTIVATIONS, function="backward"),
 )
+
+
+def frame_rules(activation_frames: Iterable[str] = ()) -> tuple[FrameRule, ...]:
+    """FRAME_RULES, and a workload's own functions whose allocations are activations. Appended: a rule decides
+    only for the frames it matches, and no generic rule matches a workload's function by its name."""
+    return FRAME_RULES + tuple(FrameRule(ACTIVATIONS, function=name) for name in sorted(activation_frames))
 
 
 def is_python(frame: dict[str, Any]) -> bool:
@@ -135,30 +140,32 @@ def frame_label(frame: dict[str, Any]) -> str:
     return native_name(frame["name"])
 
 
-def deciding_frame(frames: Sequence[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+def deciding_frame(
+    frames: Sequence[dict[str, Any]], rules: Sequence[FrameRule] = FRAME_RULES
+) -> tuple[str, dict[str, Any] | None]:
     """(category, the frame that decided it): the innermost frame any rule matches."""
     for frame in frames:
-        for rule in FRAME_RULES:
+        for rule in rules:
             if rule.matches(frame):
                 return rule.category, frame
     return OTHER, None
 
 
-def classify_frames(frames: Sequence[dict[str, Any]]) -> str:
-    return deciding_frame(frames)[0]
+def classify_frames(frames: Sequence[dict[str, Any]], rules: Sequence[FrameRule] = FRAME_RULES) -> str:
+    return deciding_frame(frames, rules)[0]
 
 
 def is_project_code(frame: dict[str, Any]) -> bool:
     return is_python(frame) and "/torch/" not in frame["filename"]
 
 
-def top_frame(frames: Sequence[dict[str, Any]]) -> str:
+def top_frame(frames: Sequence[dict[str, Any]], rules: Sequence[FrameRule] = FRAME_RULES) -> str:
     """What a reader wants first: the library frame that decided the category (on the autograd thread, the
     backward node that ran, e.g. MmBackward0, rather than the engine), then the innermost frame of the
     project's own code: "adam.py:182 _init_group <- train.py:127 step", "model.py:88 rms_norm"."""
     if not frames:
         return "<no stack recorded>"
-    _, decider = deciding_frame(frames)
+    _, decider = deciding_frame(frames, rules)
     if decider is not None and "torch::autograd::Engine" in decider["name"]:
         decider = next((f for f in frames if "Backward" in f["name"] and not is_python(f)), decider)
     if decider is None:
@@ -191,17 +198,17 @@ class Allocation:
     def live_at(self, index: int) -> bool:
         return self.born <= index and (self.died is None or self.died > index)
 
-    def category(self) -> str:
+    def category(self, rules: Sequence[FrameRule]) -> str:
         if self.role is not None:
             return ROLE_CATEGORIES[self.role]
         if self.before_history:
             return OTHER
-        return classify_frames(self.frames)
+        return classify_frames(self.frames, rules)
 
-    def frame(self) -> str:
+    def frame(self, rules: Sequence[FrameRule]) -> str:
         if self.before_history:
             return "<allocated before the recorded history>"
-        return top_frame(self.frames)
+        return top_frame(self.frames, rules)
 
 
 # ---- the result -------------------------------------------------------------------------------------------
@@ -331,7 +338,8 @@ def live_blocks(segments: Iterable[dict[str, Any]]) -> dict[int, Allocation]:
                 live[block["address"]] = Allocation(block["address"], block["requested_size"], block["frames"], born=-1)
         if covered != segment["total_size"]:
             raise ValueError(
-                f"segment at {segment['address']:#x}: its blocks cover {covered} bytes, total_size = {segment['total_size']}"
+                f"segment at {segment['address']:#x}: its blocks cover {covered} bytes,"
+                f" total_size = {segment['total_size']}"
             )
     return live
 
@@ -362,7 +370,8 @@ def _apply_roles(
                 missing += 1
     if missing:
         notes.append(
-            f"{missing} role addresses are not live blocks of the caching allocator (allocated elsewhere): not attributed by role"
+            f"{missing} role addresses are not live blocks of the caching allocator (allocated elsewhere):"
+            " not attributed by role"
         )
 
 
@@ -457,7 +466,9 @@ def _replay(
     return peak_index, [a for a in everyone if a.live_at(peak_index)], peak_active, peak_reserved
 
 
-def attribute(snapshot: dict[str, Any], device: int | None = None) -> Forensics:
+def attribute(snapshot: dict[str, Any], device: int | None = None, activation_frames: Iterable[str] = ()) -> Forensics:
+    """What held the device's memory at the peak; `activation_frames`: the workload's own activation functions."""
+    rules = frame_rules(activation_frames)
     device = pick_device(snapshot, device)
     segments = _segments(snapshot, device)
     trace = _trace(snapshot, device)
@@ -488,12 +499,12 @@ def attribute(snapshot: dict[str, Any], device: int | None = None) -> Forensics:
 
     by_category: dict[str, list[Allocation]] = {c: [] for c in CATEGORIES}
     for allocation in allocations:
-        by_category[allocation.category()].append(allocation)
+        by_category[allocation.category(rules)].append(allocation)
     rows = []
     for category in CATEGORIES:
         members = sorted(by_category[category], key=lambda a: -a.size)
         size = sum(a.size for a in members)
-        largest = tuple(BlockRow(a.size, a.frame()) for a in members[:LARGEST_PER_CATEGORY])
+        largest = tuple(BlockRow(a.size, a.frame(rules)) for a in members[:LARGEST_PER_CATEGORY])
         rows.append(CategoryRow(category, size, size / reserved if reserved else 0.0, len(members), largest))
     fragmentation = reserved - active
     rows.append(CategoryRow(FRAGMENTATION, fragmentation, fragmentation / reserved if reserved else 0.0, 0, ()))
@@ -501,9 +512,9 @@ def attribute(snapshot: dict[str, Any], device: int | None = None) -> Forensics:
     return Forensics(device, source, moment, active, reserved, tuple(rows), tuple(notes))
 
 
-def forensics_markdown(path: str | Path, device: int | None = None) -> str:
+def forensics_markdown(path: str | Path, device: int | None = None, activation_frames: Iterable[str] = ()) -> str:
     """The table for a report: `path` is a pickle written by MemoryInstrument (or torch's _dump_snapshot)."""
-    return f"`{Path(path).name}`\n\n" + attribute(load_snapshot(path), device).markdown()
+    return f"`{Path(path).name}`\n\n" + attribute(load_snapshot(path), device, activation_frames).markdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -513,8 +524,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("snapshot", help="a pickle of torch.cuda.memory._snapshot()")
     parser.add_argument("--device", type=int, default=None, help="the device to read, if the snapshot has several")
+    parser.add_argument(
+        "--workload", default=None, help="the workload that wrote it: its own activation frames are read as such"
+    )
     args = parser.parse_args(argv)
-    sys.stdout.write(forensics_markdown(args.snapshot, args.device))
+    frames: frozenset[str] = frozenset()
+    if args.workload is not None:
+        from prereg.registry import get_workload
+
+        frames = get_workload(args.workload).activation_frames
+    sys.stdout.write(forensics_markdown(args.snapshot, args.device, frames))
     return 0
 
 

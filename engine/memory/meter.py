@@ -1,8 +1,10 @@
-"""Per-window memory fields: the lifetime peak (HEAD's `vram_peak_gib`) and, under P2, the window's own peak.
+"""Per-window memory fields: the lifetime peak of allocated device memory (`vram_peak_gib`), the allocator's
+reserved pool and the device-level figure, and, when asked (`windowed`), the window's own peak.
 
-HEAD (seed 000 P2 site) logs `max_memory_allocated()` and never resets it: a lifetime ratchet. P2 emits
+Left alone, `max_memory_allocated()` is never reset: a lifetime ratchet. A windowed meter reports
 `vram_window_peak_gib` per window, then resets the peak; the lifetime field keeps its exact monotone meaning as
-a Python-side running max, so every consumer parses it unchanged.
+a Python-side running max, so every consumer parses it unchanged. A workload that reports these fields declares
+them as its metrics.
 
 On a CPU the device is the process: its memory is the resident set, whose peak (VmHWM) Linux keeps per process
 and resets when "5" is written to /proc/self/clear_refs — the same lifetime/window pair, measured the same way.

@@ -71,21 +71,41 @@ PROBES = {
 }
 
 _m = Metric
+# The engine declares rc, steps, load_s, gpu_s, world_size and finite for every workload (prereg.workload).
 METRICS = {
     m.name: m
     for m in [
         _m("s_per_step", "s", "median", "device-synchronized seconds per training step"),
         _m("tokens_per_s", "tok/s", "median", "tokens per second (useful tokens, padding excluded)"),
         _m("loss", "nats", "median", "training loss", paired=True),
-        _m("finite", "bool", "last", "every loss and gradient in the window was finite", relative_ok=False),
-        _m("vram_peak_gib", "GiB", "max", "allocated device memory, lifetime peak"),
-        _m("vram_window_peak_gib", "GiB", "max", "allocated device memory, this window's peak"),
+        _m(
+            "vram_peak_gib",
+            "GiB",
+            "max",
+            "allocated device memory, lifetime peak",
+            display=True,
+            label="vram peak GiB",
+            plot="memory",
+        ),
+        _m(
+            "vram_window_peak_gib",
+            "GiB",
+            "max",
+            "allocated device memory, this window's peak",
+            display=True,
+            label="window peak GiB",
+            plot="memory",
+        ),
         _m("vram_reserved_peak_gib", "GiB", "max", "the caching allocator's reserved pool, peak"),
-        _m("smi_peak_mib", "MiB", "max", "device-level memory as nvidia-smi reports it, context included"),
-        _m("rc", "code", "last", "the rung process's exit status", relative_ok=False),
-        _m("steps", "steps", "last", "steps completed", relative_ok=False),
-        _m("load_s", "s", "last", "model load time of the rung process"),
-        _m("gpu_s", "GPU-s", "last", "device-seconds held by the rung: wall time from start to end x devices"),
+        _m(
+            "smi_peak_mib",
+            "MiB",
+            "max",
+            "device-level memory as nvidia-smi reports it, context included",
+            display=True,
+            label="smi peak MiB",
+            format=",.0f",
+        ),
         _m(
             "probe_chunk_mae",
             "action units",
@@ -93,6 +113,8 @@ METRICS = {
             "greedy-decoded action chunk MAE on held-out episodes",
             True,
             paired=True,
+            display=True,
+            label="chunk MAE",
         ),
         _m(
             "probe_first_mae",
@@ -102,7 +124,6 @@ METRICS = {
             True,
             paired=True,
         ),
-        _m("world_size", "ranks", "last", "processes in the rung", relative_ok=False),
         # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
         _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True, paired=True),
         _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True, paired=True),
@@ -209,4 +230,6 @@ DECLARATION = WorkloadDeclaration(
     profiles=PROFILES,
     config_keys=CONFIG_KEYS,
     runner="engine.molmo2.runner:Molmo2Runner",
+    # The AR step's functional forward, its sum-form losses, and the step that casts the logits to fp32.
+    activation_frames=frozenset({"ar_forward", "ar_loss_sums", "accumulate_gradients"}),
 )

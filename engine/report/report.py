@@ -1,9 +1,9 @@
 """`prereg report ID`: Markdown and HTML with plots a person would rather look at than read.
 
-Plots (matplotlib, Agg): step-time distribution per rung, the overlay oracle's two loss curves, memory per
-window, loss per window, and the cost split against the ceiling (engine/report/costs.py: model load, oracle gate,
-steps, process start and teardown; with `--compare`, the same question under the other schedule beside it).
-Everything comes from the ledger.
+Plots (engine/report/plots.py): step-time distribution per rung, loss per window, each per-window plot the
+workload's metrics name (`Metric.plot`), the overlay oracle's two loss curves, and the cost split against the
+ceiling (engine/report/costs.py: model load, oracle gate, steps, process start and teardown; with `--compare`,
+the same question under the other schedule beside it). Everything comes from the ledger.
 """
 
 from __future__ import annotations
@@ -14,108 +14,21 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.report.costs import compare_markdown, compare_schedules, cost_markdown
+from engine.report.plots import plot_cost_split, plot_overlay, plot_series, plot_step_times
+from prereg.audit import audit_show
+from prereg.cost import ladder_cost
+from prereg.display import cell, heading, rung_metrics
 from prereg.ledger import Ledger
+from prereg.registry import get_workload
 from prereg.state import load_state
 from prereg.verdict import compute_verdict
-
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {"figure.dpi": 110, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
-    )
-    return plt
+from prereg.workload import Metric, WorkloadDeclaration
 
 
 def _windows_by_rung(state, verdict) -> dict[str, list[dict[str, Any]]]:
     used = {r["run"]: r["rung"] for r in verdict["rungs"] if r["run"]}
     return {used[run.run_id]: run.windows for run in state.runs if run.run_id in used and run.windows}
-
-
-def plot_step_times(windows: dict[str, list[dict[str, Any]]], discard_first: int, path: Path) -> bool:
-    data = {
-        rung: [w["s_per_step"] for w in ws if w.get("step", 0) > discard_first and "s_per_step" in w]
-        for rung, ws in windows.items()
-    }
-    data = {k: v for k, v in data.items() if v}
-    if not data:
-        return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels = list(data)
-    ax.boxplot([data[k] for k in labels], tick_labels=labels, widths=0.5, showfliers=False)
-    for index, label in enumerate(labels, start=1):
-        values = data[label]
-        jitter = [index + 0.12 * ((i % 5) - 2) / 2 for i in range(len(values))]
-        ax.scatter(jitter, values, s=14, alpha=0.7, color=COLOURS[(index - 1) % len(COLOURS)], zorder=3)
-    ax.set_ylabel("seconds per step (per window median)")
-    ax.set_title(f"step time per rung (windows after step {discard_first})")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def plot_series(
-    windows: dict[str, list[dict[str, Any]]], metrics: list[tuple[str, str]], ylabel: str, title: str, path: Path
-) -> bool:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    drawn = False
-    for index, (rung, ws) in enumerate(windows.items()):
-        for style, (metric, label) in zip(["-", "--", ":"], metrics):
-            points = [(w["step"], w[metric]) for w in ws if metric in w]
-            if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, style, marker="o", ms=3, color=COLOURS[index % len(COLOURS)], label=f"{rung} {label}")
-                drawn = True
-    if not drawn:
-        plt.close(fig)
-        return False
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def plot_overlay(observed: dict[str, Any], oracle_id: str, path: Path) -> bool:
-    a, b = observed.get("curve_a"), observed.get("curve_b")
-    if not a or not b:
-        return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.plot(range(1, len(a) + 1), a, "-", color=COLOURS[0], label="baseline (HEAD)")
-    ax.plot(range(1, len(b) + 1), b, "--", color=COLOURS[1], label="item")
-    band = observed.get("band")
-    if isinstance(band, (int, float)):
-        ax.fill_between(
-            range(1, len(a) + 1),
-            [v - band for v in a],
-            [v + band for v in a],
-            color=COLOURS[0],
-            alpha=0.15,
-            label=f"baseline ± band ({band:.3g})",
-        )
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(
-        f"oracle {oracle_id}: loss-curve overlay (max |A−B| = {observed.get('max_abs_diff', float('nan')):.3g})"
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
 
 
 def _fmt(value: Any) -> str:
@@ -126,9 +39,22 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def rung_table(workload: WorkloadDeclaration, rungs: list[dict[str, Any]]) -> list[str]:
+    """The verdict's rungs as a Markdown table: the window fields, then the metrics the workload displays."""
+    metrics = rung_metrics(workload, rungs)
+    columns = ["rung", "items", "status", "windows", *(heading(m) for m in metrics), "note"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rungs:
+        values = [r["rung"], ", ".join(r["items"]) or "—", r["status"] or "—", str(r["windows"])]
+        values += [cell(m, r) for m in metrics] + [r["why_undefined"] or ""]
+        lines.append("| " + " | ".join(values) + " |")
+    return lines
+
+
 def markdown(
     verdict: dict[str, Any],
     show: dict[str, Any],
+    workload: WorkloadDeclaration,
     images: list[tuple[str, str]],
     cost_lines: list[str] | None = None,
     compare_lines: list[str] | None = None,
@@ -158,19 +84,7 @@ def markdown(
                 f"**{k}** ({v.get('oracle') or v.get('kill')}: {v['reason']})" for k, v in verdict["dropped"].items()
             ),
         ]
-    lines += [
-        "",
-        "## Rungs",
-        "",
-        "| rung | items | status | windows | s/step median [min–max] | vram peak GiB | note |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in verdict["rungs"]:
-        spread = r["spread"].get("s_per_step")
-        step = _fmt(r["summary"].get("s_per_step")) + (f" [{spread[0]:.4g}–{spread[1]:.4g}]" if spread else "")
-        lines.append(
-            f"| {r['rung']} | {', '.join(r['items']) or '—'} | {r['status'] or '—'} | {r['windows']} | {step} | {_fmt(r['summary'].get('vram_peak_gib'))} | {r['why_undefined'] or ''} |"
-        )
+    lines += ["", "## Rungs", ""] + rung_table(workload, verdict["rungs"])
     if verdict["until_pass"]:
         lines += [
             "",
@@ -182,17 +96,20 @@ def markdown(
     for name, value in verdict["reads"].items():
         interval = verdict["intervals"].get(name)
         lines.append(
-            f"| {name} | {_fmt(value)} | {f'[{interval[0]:.4g}, {interval[1]:.4g}]' if interval else '—'} | {verdict['undefined'].get(name, '')} |"
+            f"| {name} | {_fmt(value)} | {f'[{interval[0]:.4g}, {interval[1]:.4g}]' if interval else '—'}"
+            f" | {verdict['undefined'].get(name, '')} |"
         )
     lines += ["", "## Rules", ""]
     for trace in verdict["rules"]:
         lines.append(
-            f"- {trace['rule']}: `{trace['when']}` → {('undefined: ' + trace['undefined']) if trace['undefined'] else _fmt(trace['value'])}"
+            f"- {trace['rule']}: `{trace['when']}` → "
+            + (f"undefined: {trace['undefined']}" if trace["undefined"] else _fmt(trace["value"]))
         )
     lines += ["", "## Expectations", "", "| n | claim | confidence | result |", "|---|---|---|---|"]
     for e in verdict["expectations"]:
         lines.append(
-            f"| {e['n']}{e.get('part') or ''} | {e['claim']} | {e['confidence']} | {e['result']}{(' — ' + e['why']) if e['why'] else ''} |"
+            f"| {e['n']}{e.get('part') or ''} | {e['claim']} | {e['confidence']}"
+            f" | {e['result']}{(' — ' + e['why']) if e['why'] else ''} |"
         )
     if cost_lines is None:
         cost = verdict["cost"]
@@ -216,28 +133,22 @@ def markdown(
 def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None = None) -> list[Path]:
     """The report of reg_id; with `compare`, also the same question under the other registration's schedule, side
     by side (refused with InvalidInput, before anything is written, unless the two ask the same question)."""
-    from engine.report.costs import compare_markdown, compare_schedules, cost_markdown, ladder_cost, plot_cost_split
-    from prereg.audit import audit_show
-
     comparison = compare_schedules(ledger, reg_id, compare) if compare else None
     out_dir.mkdir(parents=True, exist_ok=True)
     state = load_state(ledger, reg_id)
     verdict = compute_verdict(ledger, reg_id)
     show = audit_show(ledger, reg_id)
     reg = state.registration()
+    workload = get_workload(reg.workload)
     cost = ladder_cost(ledger, reg_id, state)
     windows = _windows_by_rung(state, verdict)
     images: list[tuple[str, str]] = []
     if plot_step_times(windows, reg.protocol.discard_first, out_dir / "step_time.png"):
         images.append(("Step time per rung", "step_time.png"))
-    if plot_series(
-        windows,
-        [("vram_peak_gib", "lifetime peak"), ("vram_window_peak_gib", "window peak")],
-        "GiB",
-        "memory per window",
-        out_dir / "memory.png",
-    ):
-        images.append(("Memory per window", "memory.png"))
+    for name, metrics in declared_plots(workload).items():
+        series = [(m.name, m.heading) for m in metrics]
+        if plot_series(windows, series, metrics[0].unit, f"{name} per window", out_dir / f"{name}.png"):
+            images.append((f"{name.capitalize()} per window", f"{name}.png"))
     if plot_series(windows, [("loss", "loss")], "loss", "training loss per window", out_dir / "loss.png"):
         images.append(("Loss per window", "loss.png"))
     for oracle in state.oracles.values():
@@ -257,8 +168,8 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
         )
         (out_dir / "compare.json").write_text(json.dumps(comparison, indent=1, default=str), encoding="utf-8")
         written.append(out_dir / "compare.json")
-    compare_lines = (compare_lines or []) + memory_lines(state)
-    text = markdown(verdict, show, images, cost_lines, compare_lines)
+    compare_lines = (compare_lines or []) + memory_lines(state, workload.activation_frames)
+    text = markdown(verdict, show, workload, images, cost_lines, compare_lines)
     (out_dir / "report.md").write_text(text, encoding="utf-8")
     page = _html(text)
     (out_dir / "report.html").write_text(page, encoding="utf-8")
@@ -271,9 +182,19 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
     )
 
 
-def memory_lines(state) -> list[str]:
-    """Seed 003's forensics verdict for every rung that recorded allocation snapshots (`memory_snapshot`): what
-    held the memory at the peak. A snapshot stays on the machine that ran the rung; one not found here is named."""
+def declared_plots(workload: WorkloadDeclaration) -> dict[str, list[Metric]]:
+    """plot name -> the metrics drawn on it, in catalogue order (`Metric.plot`)."""
+    plots: dict[str, list[Metric]] = {}
+    for metric in workload.metrics.values():
+        if metric.plot:
+            plots.setdefault(metric.plot, []).append(metric)
+    return plots
+
+
+def memory_lines(state, activation_frames: frozenset[str] = frozenset()) -> list[str]:
+    """The memory forensics for every rung that recorded allocation snapshots: what held the memory at the peak,
+    read with the workload's own activation frames. A snapshot stays on the machine that ran the rung; one not
+    found here is named."""
     from engine.memory.forensics import forensics_markdown
 
     lines: list[str] = []
@@ -282,7 +203,10 @@ def memory_lines(state) -> list[str]:
             if not lines:
                 lines = ["## Memory forensics", ""]
             lines += [f"### rung {run.rung} (run {run.run_id})", ""]
-            lines += [forensics_markdown(path), ""] if Path(path).is_file() else [f"`{path}`: not on this machine", ""]
+            if Path(path).is_file():
+                lines += [forensics_markdown(path, activation_frames=activation_frames), ""]
+            else:
+                lines += [f"`{path}`: not on this machine", ""]
     return lines
 
 
@@ -298,7 +222,8 @@ def _html(markdown_text: str) -> str:
     out = [
         "<!doctype html><meta charset='utf-8'><title>prereg report</title>",
         "<style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;line-height:1.4}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25rem .5rem}blockquote{background:#fff3cd;padding:.5rem}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25rem .5rem}"
+        "blockquote{background:#fff3cd;padding:.5rem}"
         "img{max-width:100%}</style>",
     ]
     in_table = False
