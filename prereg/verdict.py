@@ -462,8 +462,13 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
     return verdict
 
 
+# Statistics the verdict derives from the same windows after its decision, recomputed on every read: a verdict
+# recorded before one of them existed is still the same verdict, so they stay out of its digest.
+DERIVED_KEYS = frozenset({"robustness"})
+
+
 def verdict_digest(verdict: dict[str, Any]) -> str:
-    return canonical_hash(verdict)
+    return canonical_hash({key: value for key, value in verdict.items() if key not in DERIVED_KEYS})
 
 
 def record_verdict(ledger: Ledger, reg_id: str) -> tuple[dict[str, Any], bool]:
@@ -472,6 +477,6 @@ def record_verdict(ledger: Ledger, reg_id: str) -> tuple[dict[str, Any], bool]:
     digest = verdict_digest(verdict)
     previous = [e for e in ledger.entries(reg_id=reg_id, kinds=("verdict",))]
     if previous and previous[-1].data.get("digest") == digest:
-        return previous[-1].data["verdict"], False
+        return verdict, False
     ledger.append("verdict", reg_id, {"digest": digest, "verdict": verdict})
     return verdict, True

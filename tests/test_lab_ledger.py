@@ -82,3 +82,17 @@ def test_every_recorded_verdict_recomputes_to_the_same_decision(lab: Ledger) -> 
         assert [e["result"] for e in was["expectations"]] == [e["result"] for e in now["expectations"]], reg_id
         checked += 1
     assert checked >= 10
+
+
+def test_a_recorded_verdict_is_not_recorded_again_for_its_new_statistics(lab: Ledger) -> None:
+    """Every recorded verdict predates `robustness`: verdict again recomputes it and appends nothing."""
+    from prereg.verdict import record_verdict
+
+    before = lab.head()
+    for reg_id in lab.reg_ids():
+        if not load_state(lab, reg_id, with_windows=False).verdicts:
+            continue
+        verdict, appended = record_verdict(lab, reg_id)
+        assert not appended, reg_id
+        assert "robustness" in verdict, reg_id
+    assert lab.head() == before
