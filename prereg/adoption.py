@@ -7,7 +7,7 @@ registration's latest verdict when it is made: an item the verdict parked, dropp
 it and needs `--against-verdict --reason "…"`, and the entry keeps which items and why, so every later audit line
 of the registration can flag it; with no decided verdict the adoption is recorded as "without a verdict".
 
-Adoption checks (`[[adoption]]` in a registration) are questions only later data answers: seed 000's transfer
+Adoption checks (`[[adoption]]` in a registration) are questions only later data answers, such as a transfer
 check, "the 4-GPU box smoke shows at least half the local gain". They stay inside the reads/records model: the
 measurements a check needs are rungs of the registration (declared with it, or added by amendment once the local
 ladder is done, since the engine runs every planned rung it has no record of), entered with `prereg record`.
@@ -15,6 +15,19 @@ ladder is done, since the engine runs every planned rung it has no record of), e
 (external), finished, unflagged run carrying the metric; then `when`, a condition over reads like a rule's, is
 evaluated over the registration's measurements as a verdict sees them: true is met, false is failed, undefined is
 still pending, with the reason. Nothing about a check is stored: the audit projects it from the ledger each time.
+
+    [reads]
+    gain = "(A.s_per_step - C.s_per_step) / A.s_per_step"
+    box_gain = "(box_A.s_per_step - box_C.s_per_step) / box_A.s_per_step"
+
+    [[adoption]]
+    id = "T1"
+    claim = "the 4-GPU box smoke shows at least half the local gain"
+    when = "box_gain >= 0.5 * gain"
+    requires = ["box_A.s_per_step", "box_C.s_per_step"]
+
+A check added or changed by amendment once a rung it requires has data is post-hoc, like a rule written after
+its inputs (prereg.amend).
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ class Registration(Strict):
 
     @model_serializer(mode="wrap")
     def _unstated_adoption_is_not_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # A document without adoption checks keeps the canonical form (and so the hash) it had before they existed.
+        # A document that states no adoption checks keeps the canonical form (and so the hash) of one without the field.
         data = handler(self)
         if not self.adoption:
             del data["adoption"]
