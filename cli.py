@@ -273,6 +273,53 @@ def record(reg_id: str, file: Path, ledger: str = LedgerOption, as_json: bool = 
 
 
 @app.command()
+def adopt(
+    reg_id: str,
+    items: list[str] = typer.Argument(None, help="the items that landed (none with --outcome)", show_default=False),
+    commit: str = typer.Option(..., "--commit", help="the commit where they landed (checked in this git checkout)"),
+    outcome: bool = typer.Option(
+        False, "--outcome", help="adopt the recorded verdict's outcome as a whole (one that lands no items)"
+    ),
+    against_verdict: bool = typer.Option(
+        False, "--against-verdict", help="adopt items the verdict parked, dropped or did not land; flagged forever"
+    ),
+    reason: str = typer.Option(None, "--reason", help="why, with --against-verdict"),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Record that decided items (or a verdict's outcome) landed in code at a commit."""
+    from prereg.actions import adopt as do_adopt
+
+    with verb(as_json), open_ledger(ledger) as store:
+        result = do_adopt(
+            store,
+            reg_id,
+            list(items or []),
+            outcome=outcome,
+            commit=commit,
+            against_verdict=against_verdict,
+            reason=reason,
+            repo=Path.cwd(),
+        )
+        data = result.entry.data
+        payload = {"id": reg_id, **data, "seq": result.entry.seq, "head": result.entry.head, "already": result.already}
+        if emit(as_json, payload):
+            return
+        what = f"outcome {data['outcome']}" if data["outcome"] else ", ".join(data["items"])
+        state = "already recorded (no-op)" if result.already else "adopted"
+        entry = result.entry
+        out.print(
+            f"{esc(reg_id)}: {esc(what)} {state} at {data['commit'][:12]} · entry {entry.seq} · head {entry.head[:16]}"
+        )
+        for item, why in data["against_verdict"].items():
+            out.print(f"[bold red]AGAINST VERDICT[/]: {esc(item)} {esc(why)} — reason: {esc(data['reason'])}")
+        if data["without_verdict"]:
+            out.print("[bold yellow]WITHOUT A VERDICT[/]: no decided verdict is recorded for it")
+        if not data["commit_checked"]:
+            out.print(f"commit not checked: {esc(Path.cwd())} is not a git checkout; recorded as given")
+
+
+@app.command()
 def run(
     reg_id: str,
     dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; run nothing"),
@@ -426,7 +473,9 @@ def audit_list(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
                 esc(row["id"]),
                 row["status"],
                 str(row["versions"]),
-                esc(fmt(row["outcome"])) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""),
+                esc(fmt(row["outcome"]))
+                + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else "")
+                + (" [bold red]AGAINST VERDICT[/]" if row["against_verdict"] else ""),
                 esc(row["profile"]),
                 row["frozen"][:10],  # the day; `audit show` has the time
             ]
@@ -503,8 +552,69 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
             )
         if shown["post_hoc"]:
             out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")
+        for a in shown["adoptions"]:
+            what = f"outcome {a['outcome']}" if a["outcome"] else ", ".join(a["items"])
+            flags = "".join(
+                f" [bold red]AGAINST VERDICT[/] {esc(item)} {esc(why)} (reason: {esc(a['reason'])})"
+                for item, why in a["against_verdict"].items()
+            ) + (" [bold yellow]WITHOUT A VERDICT[/]" if a["without_verdict"] else "")
+            out.print(f"adopted (entry {a['seq']}): {esc(what)} at {a['commit'][:12]}{flags}")
         seq, head = store.head()
         out.print(f"ledger head {head[:16]} (entry {seq})")
+
+
+@audit_app.command("adoption")
+def audit_adoption(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+    """Every decided verdict: landed and adopted or not, adopted against it or without one; adoption checks."""
+    from prereg.audit import audit_adoption as query
+
+    with verb(as_json), open_ledger(ledger) as store:
+        result = query(store)
+        if emit(as_json, result):
+            return
+        print_adoption(result)
+
+
+def print_adoption(result: dict[str, Any]) -> None:
+    # A list, not a table: a registration id, a commit and a reason do not fit 80 columns side by side.
+    labels = {
+        "landed-adopted": "[green]landed, adopted[/]",
+        "landed-not-adopted": "[yellow]landed, not adopted[/]",
+        "against-verdict": "[bold red]AGAINST VERDICT[/]",
+        "without-verdict": "[bold yellow]WITHOUT A VERDICT[/]",
+    }
+    checks = {"met": "[green]met[/]", "failed": "[bold red]failed[/]", "pending": "[yellow]pending[/]"}
+    for reg in result["registrations"]:
+        decided = (
+            f"{esc(reg['outcome'])} (rule {esc(reg['rule'])}, verdict entry {reg['verdict_seq']})"
+            if reg["decided"]
+            else "no decided verdict"
+        )
+        post_hoc = " [bold yellow]POST-HOC[/]" if reg["post_hoc"] else ""
+        out.print(f"[bold]{esc(reg['id'])}[/] — {decided}{post_hoc}")
+        for row in reg["rows"]:
+            what = esc(row["what"]) + (" (outcome)" if row["kind"] == "outcome" else "")
+            label = labels[row["status"]]
+            if row["kind"] == "outcome":  # an outcome that lands no items is decided, not landed
+                label = label.replace("landed, ", "decided, ")
+            line = f"  {what}: {label}"
+            if row["commit"]:
+                unchecked = "" if row["commit_checked"] else " (not checked)"
+                line += f" at {row['commit'][:12]}{unchecked}, entry {row['seq']}"
+            if row["why"]:
+                line += f" · {esc(row['why'])}"
+            if row["reason"]:
+                line += f" · reason: {esc(row['reason'])}"
+            out.print(line)
+        for check in reg["checks"]:
+            line = f"  check {esc(check['id'])} ({esc(check['claim'])}): {checks[check['status']]}"
+            if check["why"]:
+                line += f" · {esc(check['why'])}"
+            if check["post_hoc"]:
+                line += f" [bold yellow]POST-HOC {esc(', '.join(check['post_hoc']))}[/]"
+            out.print(line)
+    counts = ", ".join(f"{n} {status}" for status, n in result["counts"].items() if n)
+    out.print(f"{len(result['registrations'])} registrations · {counts or 'nothing decided or adopted'}")
 
 
 @audit_app.command("verify")

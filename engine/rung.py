@@ -206,6 +206,8 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     load_start = PROCESS_START
     rc = 0
     runner = None
+    ledger_s = 0.0
+    last_window_run = None  # the run whose window was appended last: its run-end carries that append's time
     try:
         os.environ[MEMORY_DIR_VARIABLE] = str(memory)
         load_start = time.monotonic()
@@ -216,7 +218,6 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
             emit({"event": "loaded", "load_s": load_s})
         steps_done = {run["run"]: 0 for run in runs}
         active = list(runs)
-        ledger_s = 0.0
         while active:
             for run in list(active):
                 run_id = run["run"]
@@ -244,9 +245,10 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     windows[run_id].append(window)
                     write_start = time.monotonic()
                     ledger.append("window", args.reg, {"rung": run["label"], **encode_nonfinite(window)}, ref=run_id)
-                    ledger_s = (
-                        time.monotonic() - write_start
-                    )  # the governance cost of the previous window, carried by the next
+                    # The governance cost of this window's append, carried by the next window (the last one's by
+                    # its run's run-end entry).
+                    ledger_s = time.monotonic() - write_start
+                    last_window_run = run_id
                     emit(
                         {
                             "event": "window",
@@ -314,6 +316,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "world_size": ranks.world_size,
                     "load_start_s": round(load_start - PROCESS_START, 4),
                 },
+                "ledger_s": round(ledger_s, 6) if run["run"] == last_window_run else 0.0,
                 "parallel": getattr(runner, "parallel", None),
                 "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
             },

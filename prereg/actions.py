@@ -1,4 +1,4 @@
-"""The governance verbs that write the ledger: freeze, amend, record. Each validates everything first and then
+"""The governance verbs that write the ledger: freeze, amend, record, adopt. Each validates everything first and then
 appends in one transaction, so bad input leaves the ledger byte-for-byte unchanged."""
 
 from __future__ import annotations
@@ -237,6 +237,44 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     return ledger.append_many(batch)
 
 
+@dataclass(frozen=True)
+class AdoptResult:
+    entry: Entry
+    already: bool  # the same adoption was recorded before: nothing was written
+
+
+def adopt(
+    ledger: Ledger,
+    reg_id: str,
+    items: list[str],
+    *,
+    outcome: bool,
+    commit: str,
+    against_verdict: bool,
+    reason: str | None,
+    repo: Path,
+) -> AdoptResult:
+    """Record that decided items (or a verdict's outcome) landed in code at `commit` of the git checkout `repo`."""
+    from prereg.adoption import adoption_body, resolve_commit, same_adoption
+
+    resolved, checked = resolve_commit(commit, repo)
+    state = require_frozen(ledger, reg_id, with_windows=False)
+    body = adoption_body(
+        state.registration(),
+        state,
+        items,
+        outcome=outcome,
+        commit=resolved,
+        commit_checked=checked,
+        against_verdict=against_verdict,
+        reason=reason,
+    )
+    earlier = next((a for a in state.adoptions if same_adoption(a, body)), None)
+    if earlier is not None:
+        return AdoptResult(next(ledger.entries(reg_id=reg_id, kinds=("adopt",), after_seq=earlier.seq - 1)), True)
+    return AdoptResult(ledger.append("adopt", reg_id, body), False)
+
+
 def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
     """`prereg run` refuses a registration file that no longer matches what was frozen (only the freeze entry
     is read: no projection of the registration's windows)."""
@@ -261,6 +299,8 @@ __all__ = [
     "freeze_registration",
     "amend",
     "record",
+    "adopt",
+    "AdoptResult",
     "check_source_unchanged",
     "FreezeResult",
     "canonical_hash",

@@ -228,6 +228,8 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
             head == "reads" and measured.verdict_inputs_exist and len(rest) == 1 and rest[0] in before.get("reads", {})
         ):
             post_hoc.append(path)  # redefining a read after data; adding a new read decides nothing by itself
+        elif head == "adoption" and _requirement_measured(before, after, rest[0] if rest else None, measured):
+            post_hoc.append(path)  # an adoption check written or changed after the data it waits for exists
         elif head in ("cost", "question") and measured.any_run:
             post_hoc.append(path)
     return AmendmentReview(changed=tuple(changed), post_hoc=tuple(post_hoc))
@@ -267,6 +269,21 @@ def _judges_existing_data(document: dict[str, Any], head: str, key: str, measure
     all_texts = texts + [reg.reads[name] for name in seen_reads]
     uses_context = any(fn in text for text in all_texts for fn in CONTEXT_FUNCTIONS)
     return uses_context and (bool(measured.oracles_with_results) or measured.any_run)
+
+
+def _requirement_measured(
+    before: dict[str, Any], after: dict[str, Any], check_id: str | None, measured: MeasuredState
+) -> bool:
+    """Whether a rung the adoption check requires (in either version of it; every check when None, the whole
+    list added or removed) already has data."""
+    required = {
+        need.partition(".")[0]
+        for document in (before, after)
+        for check in document.get("adoption", [])
+        if check_id is None or check["id"] == check_id
+        for need in check["requires"]
+    }
+    return bool(required & measured.rungs_with_data)
 
 
 def _has_item(document: dict[str, Any], item_id: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prereg.adoption import CHECK_STATUSES, adoption_rows, adoptions_of, check_results
 from prereg.cost import cost_summary
 from prereg.ledger import Ledger
 from prereg.schema import CONFIDENCE_PROBABILITY
@@ -38,6 +39,7 @@ def audit_list(ledger: Ledger) -> list[dict[str, Any]]:
                 "status": status_of(state),
                 "outcome": verdict["outcome"] if verdict else None,
                 "post_hoc": bool(state.post_hoc_paths()),
+                "against_verdict": state.adopted_against_verdict(),
                 "frozen": state.versions[0].ts,
             }
         )
@@ -113,6 +115,7 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
             "seq": state.verdicts[-1].seq,
         },
         "post_hoc": state.post_hoc_paths(),
+        "adoptions": adoptions_of(state),
     }
 
 
@@ -159,3 +162,39 @@ def audit_calibration(ledger: Ledger) -> dict[str, Any]:
     ]
     brier = sum(squared_errors) / len(squared_errors) if squared_errors else None
     return {"levels": rows, "scored": len(squared_errors), "brier": brier, "post_hoc": post_hoc}
+
+
+def audit_adoption(ledger: Ledger) -> dict[str, Any]:
+    """For every decided verdict, and every registration adopted or with adoption checks: each decided item (or
+    outcome) landed and adopted or not, adoptions against the verdict or without one, and the checks' status."""
+    registrations = []
+    counts = {status: 0 for status in ("landed-adopted", "landed-not-adopted", "against-verdict", "without-verdict")}
+    counts.update({f"check-{status}": 0 for status in CHECK_STATUSES})
+    for reg_id in ledger.reg_ids():
+        state = load_state(ledger, reg_id, with_windows=False)
+        reg = state.registration()
+        verdict = _latest_verdict(state)
+        decided = verdict is not None and verdict["outcome"] is not None
+        if not (decided or state.adoptions or reg.adoption):
+            continue
+        if reg.adoption:  # the checks read rung summaries, which need the windows
+            state = load_state(ledger, reg_id)
+        rows = adoption_rows(state)
+        checks = check_results(reg, state)
+        for row in rows:
+            counts[row["status"]] += 1
+        for check in checks:
+            counts[f"check-{check['status']}"] += 1
+        registrations.append(
+            {
+                "id": reg_id,
+                "outcome": verdict["outcome"] if verdict else None,
+                "rule": verdict["rule"] if verdict else None,
+                "verdict_seq": state.verdicts[-1].seq if state.verdicts else None,
+                "decided": decided,
+                "rows": rows,
+                "checks": checks,
+                "post_hoc": bool(state.post_hoc_paths()),
+            }
+        )
+    return {"registrations": registrations, "counts": counts}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -212,6 +213,18 @@ class Expectation(Strict):
     check: str
 
 
+class AdoptionCheck(Strict):
+    """[[adoption]]: a check that only data recorded after the decision can answer (a transfer check: the box smoke
+    shows at least half the local gain). `requires` names the rungs (or RUNG.metric) a later `prereg record` must
+    bring; `when` is a condition over reads, like a rule's. prereg.adoption says how it is met, failed or pending."""
+
+    id: Ident
+    claim: str = Field(min_length=1)
+    when: str
+    requires: list[str] = Field(min_length=1, description="RUNG or RUNG.metric, each entered by `prereg record`")
+    notes: str | None = None
+
+
 class Registration(Strict):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=80)]
     title: str
@@ -227,6 +240,15 @@ class Registration(Strict):
     rules: list[Rule] = Field(default_factory=list)
     kill: list[KillLine] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
+    adoption: list[AdoptionCheck] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _unstated_adoption_is_not_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A document that states no adoption checks keeps the canonical form (and so the hash) of one without the field.
+        data = handler(self)
+        if not self.adoption:
+            del data["adoption"]
+        return data
 
     @model_validator(mode="after")
     def _resolve(self) -> "Registration":
@@ -407,6 +429,42 @@ def resolve_references(reg: Registration) -> None:
             expectation.check,
             Scope(kind="expectations", reads=read_names, **names),
         )
+    _check_adoption(reg, names, read_names)
+
+
+def _check_adoption(reg: Registration, names: dict[str, frozenset[str]], read_names: frozenset[str]) -> None:
+    """Each check's `when` compiles as a rule; each required rung is a rung (and metric a metric) that `when`
+    reads, directly or through reads: a requirement the condition never looks at would wait for nothing."""
+    _check_unique("adoption", "adoption check", [check.id for check in reg.adoption])
+    scope = Scope(kind="rules", reads=read_names, **names)
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    for check in reg.adoption:
+        where = f"adoption.{check.id}"
+        pending = [_compile(f"{where}.when", check.when, scope)]
+        read_rungs: set[str] = set()
+        seen: set[str] = set()
+        while pending:
+            expr = pending.pop()
+            read_rungs |= expr.rungs_used()
+            for name in expr.reads_used() - seen:
+                seen.add(name)
+                pending.append(compile_expr(reg.reads[name], replace(scope, kind="reads")))
+        _check_unique(f"{where}.requires", "requirement", check.requires)
+        for need in check.requires:
+            rung_id, dot, metric = need.partition(".")
+            if rung_id not in rung_ids:
+                raise ValueError(
+                    f"{where}.requires: {need!r} names no rung; rungs are {rung_ids} (RUNG or RUNG.metric)"
+                )
+            if dot and metric not in names["metrics"]:
+                raise ValueError(
+                    f"{where}.requires: {need!r}: {metric!r} is not a metric; metrics are {sorted(names['metrics'])}"
+                )
+            if rung_id not in read_rungs:
+                raise ValueError(
+                    f"{where}.requires: {need!r}: its when ({check.when!r}) does not read rung {rung_id}, directly or "
+                    f"through its reads; it reads {sorted(read_rungs)}"
+                )
 
 
 def _check_acyclic(dependencies: dict[str, frozenset[str]]) -> None:

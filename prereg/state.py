@@ -9,6 +9,8 @@ Everything here is derived; the entries are the truth. Entry kinds and their `da
 - record: provenance, version, recorded oracle observations are separate oracle entries; rungs with their
   status, metrics, windows, and whether their item set matched the plan.
 - verdict: the verdict's JSON.
+- adopt: items (or a verdict's outcome) that landed in code at a commit; the verdict it was judged against, what
+  of it went against that verdict and why (prereg.adoption).
 """
 
 from __future__ import annotations
@@ -78,6 +80,22 @@ class OracleResult:
     seq: int
 
 
+@dataclass(frozen=True)
+class Adoption:
+    """One `adopt` entry: what landed in code at a commit, and how it stood with the verdict then."""
+
+    seq: int
+    ts: str
+    items: tuple[str, ...]  # empty when a verdict's outcome was adopted as a whole
+    outcome: str | None
+    commit: str
+    commit_checked: bool  # False: no git checkout to check it against; recorded as given
+    verdict_seq: int | None  # the verdict entry it was judged against; None: no verdict was recorded
+    against_verdict: dict[str, str]  # item -> why adopting it went against the verdict (parked, dropped, not landed)
+    reason: str | None  # the reason given with --against-verdict
+    without_verdict: bool  # no decided verdict when it was adopted
+
+
 @dataclass
 class RegistrationState:
     reg_id: str
@@ -89,6 +107,10 @@ class RegistrationState:
     entry_counts: dict[str, int]
     gates: list[dict[str, Any]] = field(default_factory=list)  # oracle-gate processes: their device time
     ceilings: list[dict[str, Any]] = field(default_factory=list)  # what the engine did at the cost ceiling
+    adoptions: list[Adoption] = field(default_factory=list)
+
+    def adopted_against_verdict(self) -> bool:
+        return any(a.against_verdict for a in self.adoptions)
 
     @property
     def document(self) -> dict[str, Any]:
@@ -146,8 +168,10 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
     gates: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
     verdicts: list[Entry] = []
+    adoptions: list[Adoption] = []
     counts: dict[str, int] = {}
-    for entry in ledger.entries(reg_id=reg_id, kinds=("freeze", "amend", "oracle", "record", "verdict") + RUN_KINDS):
+    kinds = ("freeze", "amend", "oracle", "record", "verdict", "adopt") + RUN_KINDS
+    for entry in ledger.entries(reg_id=reg_id, kinds=kinds):
         data = entry.data
         counts[entry.kind] = counts.get(entry.kind, 0) + 1
         if entry.kind in ("freeze", "amend"):
@@ -225,6 +249,21 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
                 )
         elif entry.kind == "verdict":
             verdicts.append(entry)
+        elif entry.kind == "adopt":
+            adoptions.append(
+                Adoption(
+                    entry.seq,
+                    entry.ts,
+                    tuple(data["items"]),
+                    data["outcome"],
+                    data["commit"],
+                    data["commit_checked"],
+                    data["verdict_seq"],
+                    dict(data["against_verdict"]),
+                    data["reason"],
+                    data["without_verdict"],
+                )
+            )
     if not versions:
         raise Refused(
             f"registration {reg_id!r} is not frozen in this ledger", fix=f"prereg freeze registrations/{reg_id}.toml"
@@ -248,6 +287,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
         counts,
         gates,
         ceilings,
+        adoptions,
     )
 
 
