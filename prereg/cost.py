@@ -74,7 +74,7 @@ class ProcessCost:
     start: float = 0.0
     teardown: float = 0.0
     unsplit: float = 0.0
-    ledger_writes: float = 0.0  # inside the steps: window entries written (the windows' ledger_s)
+    ledger_writes: float = 0.0  # window entries written (every window's ledger_s and the run-end's)
     start_from: str | None = None  # recorded | timestamps | None (not known)
     oracles: list[str] = field(default_factory=list)
     note: str | None = None
@@ -273,6 +273,8 @@ def _split_rung_process(
         else:
             process.steps_read += seconds
         process.ledger_writes += float(window.data.get("ledger_s", 0.0) or 0.0) * devices
+    # Each window carries the previous window's append; the last one's is on the run-end of the run that wrote it.
+    process.ledger_writes += sum(float(t.get("ledger_s", 0.0) or 0.0) for t in run_totals) * devices
 
 
 def ladder_processes(
