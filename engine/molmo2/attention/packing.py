@@ -167,9 +167,10 @@ def block_mask_from_pairs(pairs: torch.Tensor, mask_mod, block: int = 128) -> Bl
 
     create_block_mask would evaluate mask_mod on every pair, with int64 intermediates of Q x KV (a 10.5k-token
     packed prefix: 110M pairs, ~1 GB each) eagerly, or through torch.compile, which on a cold H200 took 45 s for
-    the packed suffix's mask and more than 88 s for the prefix's (bench/results/packed_attention_s6), once per new
-    packed length. The bool pairs cost ~110 MB each and no compilation. The tail of a row not a multiple of
-    `block` counts as disallowed, as in create_block_mask, so a ragged block is never full."""
+    the packed suffix's mask and more than 88 s for the prefix's
+    (bench/results/packed_attention_h200-4b_packed-vs-padded), once per new packed length. The bool pairs cost
+    ~110 MB each and no compilation. The tail of a row not a multiple of `block` counts as disallowed, as in
+    create_block_mask, so a ragged block is never full."""
     Q, KV = pairs.shape
     padded = torch.nn.functional.pad(pairs, (0, -KV % block, 0, -Q % block))
     allowed = padded.view(padded.shape[0] // block, block, padded.shape[1] // block, block).sum((1, 3))

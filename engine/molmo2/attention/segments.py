@@ -77,8 +77,8 @@ class Segments:
 class Gather(torch.autograd.Function):
     """x.index_select(0, index), whose backward sums each row's copies by gathering them through `copies` ([rows
     of x, C] indices into index's slots, padded with len(index)), in fp32 at least: index_select's own backward is an
-    atomic bf16 index_add, which cost 51 ms of a 0.63 s step on the H200 (bench/results/device_logs/session7/call3:
-    the profile before this class)."""
+    atomic bf16 index_add, which cost 51 ms of a 0.63 s step on the H200
+    (bench/results/device_logs/h200x2_packbench-varlen_peer-varlen: the profile before this class)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, copies: torch.Tensor) -> torch.Tensor:
