@@ -1,11 +1,14 @@
 """Every file in registrations/ is a valid document, and each registration's bundled history replays.
 
 The layout these tests hold the directory to:
-- `registrations/<id>.toml`: a registration whose id is its file name, whose first line is a comment naming the
-  seed it encodes ("seed NNN"), the same seed as its `source`;
+- `registrations/<id>.toml`: a registration whose id is its file name, whose `source` says where the practice it
+  encodes is written down, and whose first line is a comment saying what it asks. A registration that encodes a
+  seed's practice names the seed in both (`source = "seed NNN_<hash>: …"`, `# Seed NNN …`), the same seed; any
+  other source is the lab's own question, in its own words;
 - `registrations/<id>/`: that registration's history after freeze, as step files `amend-<label><N>.toml` and
-  `record-<label><N>.toml`, replayed in order of N, a step's amendment before its record (an amendment declares
-  a rung before the rung is measured). Nothing else lives there.
+  `record-<label><N>.toml`, each opening with a comment (naming its registration's seed, if it has one), replayed
+  in order of N, a step's amendment before its record (an amendment declares a rung before the rung is measured).
+  Nothing else lives there.
 
 The replay goes through the governance verbs themselves (freeze, amend, record) on a temporary ledger, without
 `--post-hoc`: a bundled amendment is one that was made before the data it affects.
@@ -29,10 +32,6 @@ STEP_FILE = re.compile(r"^(?P<verb>amend|record)-(?P<label>[a-z]+)(?P<n>[0-9]+)\
 VERB_ORDER = {"amend": 0, "record": 1}
 SEED_COMMENT = re.compile(r"^#.*\bseed (?P<seed>[0-9]{3})\b", re.IGNORECASE)
 SEED_SOURCE = re.compile(r"^seed (?P<seed>[0-9]{3})_[0-9a-f]{16}: ")
-# A registration of the lab's own work (not a seed's practice) names the issue that asked for it, in the source
-# and in its opening comment.
-ISSUE_SOURCE = re.compile(r"^issue (?P<issue>[0-9]+): ")
-ISSUE_COMMENT = re.compile(r"^# Issue (?P<issue>[0-9]+)\b")
 
 REGISTRATION_FILES = sorted(REGISTRATIONS.glob("*.toml"))
 HISTORY_DIRS = sorted(p for p in REGISTRATIONS.iterdir() if p.is_dir())
@@ -51,11 +50,25 @@ def replay_order(directory: Path) -> list[Path]:
     return [path for _, path in sorted(keyed)]
 
 
-def seed_of_header(path: Path) -> str:
+def header(path: Path) -> str:
     first_line = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first_line.startswith("# ") and first_line[2:].strip(), (
+        f"{path.name} must open with a comment saying what it is, not {first_line!r}"
+    )
+    return first_line
+
+
+def seed_of_header(path: Path) -> str:
+    first_line = header(path)
     match = SEED_COMMENT.match(first_line)
     assert match, f"{path.name} must open with a comment naming its seed ('# Seed NNN …'), not {first_line!r}"
     return match["seed"]
+
+
+def seed_of_source(source: str | None) -> str | None:
+    """The seed a registration's source names, or None for the lab's own question."""
+    match = SEED_SOURCE.match(source or "")
+    return match["seed"] if match else None
 
 
 def test_the_directory_holds_registrations():
@@ -63,24 +76,16 @@ def test_the_directory_holds_registrations():
 
 
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
-def test_registration_validates_and_names_its_seed(path: Path):
+def test_registration_validates_and_says_where_it_comes_from(path: Path):
     reg, _ = load_registration(path)
     assert reg.id == path.stem, (
         f"{path.name} holds registration {reg.id!r}; a registration's file is named after its id"
     )
-    assert reg.source, f"{path.name}: source must say where the practice it encodes is written down"
-    issue = ISSUE_SOURCE.match(reg.source)
-    if issue:
-        header = ISSUE_COMMENT.match(path.read_text(encoding="utf-8").splitlines()[0])
-        assert header and header["issue"] == issue["issue"], (
-            f"{path.name}: the header comment must name issue {issue['issue']}"
-        )
-        return
-    source = SEED_SOURCE.match(reg.source)
-    assert source, (
-        f"{path.name}: source must name the seed file ('seed NNN_<hash>: …') or the issue ('issue N: …'), not {reg.source!r}"
-    )
-    assert seed_of_header(path) == source["seed"], f"{path.name}: the header comment and source name different seeds"
+    assert reg.source and reg.source.strip(), f"{path.name}: source must say where what it encodes is written down"
+    header(path)
+    seed = seed_of_source(reg.source)
+    if seed is not None:
+        assert seed_of_header(path) == seed, f"{path.name}: the header comment and source name different seeds"
 
 
 @pytest.mark.parametrize("directory", HISTORY_DIRS, ids=lambda p: p.name)
@@ -90,11 +95,15 @@ def test_history_directory_belongs_to_a_registration_and_holds_only_step_files(d
     )
     steps = replay_order(directory)
     assert steps, f"{directory.name}/ is empty"
-    registration_seed = seed_of_header(REGISTRATIONS / f"{directory.name}.toml")
+    registration, _ = load_registration(REGISTRATIONS / f"{directory.name}.toml")
+    registration_seed = seed_of_source(registration.source)
     for path in steps:
-        assert seed_of_header(path) == registration_seed, (
-            f"{directory.name}/{path.name} names a different seed than its registration"
-        )
+        if registration_seed is None:
+            header(path)
+        else:
+            assert seed_of_header(path) == registration_seed, (
+                f"{directory.name}/{path.name} names a different seed than its registration"
+            )
 
 
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)

@@ -72,8 +72,8 @@ GEOMETRIES = {
 
 # Compiled runs pad the prefix and the suffix to multiples of 16, so a pool's chunks share a few shapes (each
 # distinct shape is one compilation, 10-30 s on an H200). 128 (FlexAttention's block) padded 17.3% of the tokens
-# against 14.1% for 16, for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b_run1_pad128
-# and _run2_pad16).
+# against 14.1% for 16, for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b_pad128
+# and _pad16).
 COMPILED_PAD_MULTIPLE = (16, 16)
 
 # Run-config values whose ladders parked or dropped them: their code has left the workload (key -> the retired value,
