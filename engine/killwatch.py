@@ -91,7 +91,9 @@ class KillWatch:
                         "step": step,
                         "held_since": self.pending[line.id],
                         "drops": list(line.drops),
-                        "reason": f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}",
+                        "reason": (
+                            f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}"
+                        ),
                     }
             elif held:
                 return {
