@@ -45,7 +45,7 @@ class CliResult(NamedTuple):
 
 
 class Cli:
-    """`prereg` in-process. Click >= 8.2 keeps stderr apart from stdout (there is no mix_stderr switch any more)."""
+    """`prereg` in-process. Click >= 8.2 keeps stderr apart from stdout (it has no mix_stderr switch)."""
 
     def __init__(self, ledger: Path, tmp: Path):
         self.ledger = ledger

@@ -1,4 +1,4 @@
-"""Kill lines as the engine checks them on every window (engine/killwatch.py, DESIGN.md "Kill lines"): a line
+"""Kill lines as the engine checks them on every window (engine/killwatch.py, docs/design.md "Kill lines"): a line
 with at = "save" that holds waits for the next save boundary, even if it stops holding; a window line kills at
 once; a line scoped to rungs or suspecting items watches only those."""
 

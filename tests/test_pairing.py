@@ -1,4 +1,4 @@
-"""Seed 002's "paired arms must share the flag" (prereg/pairing.py): a compare ladder may not compare a loss (or an
+"""Paired arms must share the flag (prereg/pairing.py): a compare ladder may not compare a loss (or an
 evaluation of the trained weights) across rungs whose steps group the samples differently. Freeze, check and amend
 refuse it with exit 2, naming the file, the field and the key, and write nothing; speed comparisons stay allowed."""
 

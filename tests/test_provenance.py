@@ -1,4 +1,4 @@
-"""What a freeze records (DESIGN.md "The ledger"): the document's canonical hash, the source file's hash, the git
+"""What a freeze records (docs/design.md "The ledger"): the document's canonical hash, the source file's hash, the git
 commit and whether the tree was dirty with a hash of the diff, and the tool version. A tree copied without its
 .git (a lent GPU machine) records the commit its launcher states, marked as stated."""
 

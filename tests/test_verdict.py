@@ -17,7 +17,7 @@ P2_FAILS = (
     '[oracles.P2a]\nmissing = ["vram_window_peak_gib"]\nviolations = []\n'
 )
 
-# The keys `prereg verdict --json` promises other tools (DESIGN.md, "The command line").
+# The keys `prereg verdict --json` promises other tools (docs/design.md, "The command line").
 PROMISED = {"outcome", "rule", "land", "park", "dropped", "reads", "undefined", "expectations", "post_hoc"}
 
 
