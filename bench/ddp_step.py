@@ -4,9 +4,9 @@ batch: seconds per step (the slowest rank's, as a window reports it) and the lar
     torchrun --standalone --nproc-per-node 2 bench/ddp_step.py --sync ddp      # two GPUs, DDP
     python bench/ddp_step.py                                                   # one GPU, the same per-rank batch
 
-Conditions: HEAD switches, batch 12 per rank in 6 chunks, cameras {1, 2}, max-crops 1, bf16 autocast, fp32 master
-weights, fused AdamW; `--warmup` steps first (not timed), then one window of `--steps`. Each rank trains its own
-slice of the data (engine/molmo2/runner.py), so two ranks process twice the samples per step.
+Conditions: the baseline switches, batch 12 per rank in 6 chunks, cameras {1, 2}, max-crops 1, bf16 autocast,
+fp32 master weights, fused AdamW; `--warmup` steps first (not timed), then one window of `--steps`. Each rank trains
+its own slice of the data (engine/molmo2/runner.py), so two ranks process twice the samples per step.
 """
 
 from __future__ import annotations

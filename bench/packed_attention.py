@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row = {"name": name, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        # after every row: a device call that runs out of time still brings back the rows it finished
+        # after every row: a run stopped at its time limit still leaves the rows it finished
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"packed_attention_{args.profile}.json").write_text(
             json.dumps({"conditions": conditions, "rows": rows}, indent=1)

@@ -1,4 +1,4 @@
-"""What every run records about where it ran (DESIGN.md: git, Python, torch, CUDA, cuDNN, GPU, driver, host)."""
+"""What every run records about where it ran (docs/design.md: git, Python, torch, CUDA, cuDNN, GPU, driver, host)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kill lines, checked on every window of a running rung (DESIGN.md "Kill lines").
+"""Kill lines, checked on every window of a running rung (docs/design.md "Kill lines").
 
 In a kill line a bare metric is the value in the window just finished, `step` its last step, and the history
 functions reach back over every finished window of this run. A line with at = "save" that holds waits for the
@@ -68,7 +68,8 @@ class KillWatch:
     def __post_init__(self) -> None:
         scope = kill_scope(self.reg)
         # A line whose contingency drops items suspects those items: it watches only runs that still carry one
-        # (seed 000's K-cudnn is about P1; C' re-benched without P1 is not its business).
+        # (K-cudnn of registrations/molmo2-perf-pass1.toml is about P1; C' re-benched without P1 is not its
+        # business).
         self.lines = [
             (k, compile_expr(k.when, scope))
             for k in self.reg.kill
@@ -91,7 +92,9 @@ class KillWatch:
                         "step": step,
                         "held_since": self.pending[line.id],
                         "drops": list(line.drops),
-                        "reason": f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}",
+                        "reason": (
+                            f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}"
+                        ),
                     }
             elif held:
                 return {

@@ -1,6 +1,6 @@
 """Comparators: observed values of an oracle + its frozen bounds -> pass or fail, with the reason.
 
-One function per kind, the pass conditions of DESIGN.md's oracle table. The observed values come from a probe
+One function per kind, the pass conditions of docs/design.md's oracle table. The observed values come from a probe
 (or from `prereg record`, for measurements made elsewhere); the verdict never comes from the observer.
 """
 

@@ -3,7 +3,7 @@
 The verdict's `cost` (what the ceiling judges, before each rung and after the ladder), `prereg audit costs` and the
 report's split all come from here. Every number comes from the ledger; none is estimated. What each part is, and
 where it is read:
-- total: each process's recorded device time — a gate entry's `gpu_s`, a run-end's `totals.gpu_s` (wall time
+- total: each process's recorded device-seconds — a gate entry's `gpu_s`, a run-end's `totals.gpu_s` (wall time
   from the process's start, model load included, times its devices; interleaved rungs share one process and the
   engine splits its time evenly among them). The sum is the verdict's `cost.gpu_s`, the number the ceiling judges.
 - model load: the run-end's `totals.load_gpu_s` (rung processes). A gate process's own load (its entry's

@@ -1,4 +1,4 @@
-"""Errors a user can act on, each with the exit code DESIGN.md assigns to it."""
+"""Errors a user can act on, each with the exit code docs/design.md assigns to it."""
 
 from __future__ import annotations
 

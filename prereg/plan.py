@@ -1,4 +1,4 @@
-"""Re-planning a ladder around dropped items (DESIGN.md "Parity first").
+"""Re-planning a ladder around dropped items (docs/design.md "Parity first").
 
 An item whose oracle failed, or that a kill line's contingency dropped, leaves every rung. A rung left with an
 item set equal to an earlier rung's, or whose items were all dropped, is not run. A rung that lost items to a

@@ -45,7 +45,7 @@ class CliResult(NamedTuple):
 
 
 class Cli:
-    """`prereg` in-process. Click >= 8.2 keeps stderr apart from stdout (there is no mix_stderr switch any more)."""
+    """`prereg` in-process. Click >= 8.2 keeps stderr apart from stdout (it has no mix_stderr switch)."""
 
     def __init__(self, ledger: Path, tmp: Path):
         self.ledger = ledger
@@ -73,7 +73,8 @@ class Cli:
         """A verb on this test's ledger that must succeed; its output is shown when it does not."""
         result = self.on_ledger(*args)
         assert result.exit_code == 0, (
-            f"prereg {' '.join(map(str, args))} exited {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+            f"prereg {' '.join(map(str, args))} exited {result.exit_code}\n"
+            f"stdout: {result.stdout}\nstderr: {result.stderr}"
         )
         return result
 
@@ -94,8 +95,14 @@ def cli(ledger_path: Path, tmp_path: Path) -> Cli:
 def prereg_process(*args: str, ledger: Path, check: bool, timeout: float = 600) -> subprocess.CompletedProcess:
     """`prereg ARGS --ledger LEDGER` as its own process, from the repository root: for what the in-process CLI
     runner cannot do (the engine starts torch processes and handles signals)."""
-    result = subprocess.run([sys.executable, str(REPO / "cli.py"), *args, "--ledger", str(ledger)], cwd=REPO, capture_output=True,
-                            text=True, env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}, timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), *args, "--ledger", str(ledger)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"},
+        timeout=timeout,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"prereg {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

@@ -1,4 +1,4 @@
-"""The cost ceiling before each rung (engine/ladder.py `Ladder.ceiling_allows`, DESIGN.md "Cost"): the engine
+"""The cost ceiling before each rung (engine/ladder.py `Ladder.ceiling_allows`, docs/design.md "Cost"): the engine
 projects the ladder's total from what it spent and the mean of its finished rungs, and `on_ceiling` decides. The
 ledger holds the spending (a finished rung of 60 device-seconds against a 100-second ceiling, written as the
 engine writes it), so every mode is judged deterministically, without timing a real rung."""

@@ -31,7 +31,8 @@ def test_a_formatting_only_change_is_the_same_document(cli: Cli, mini: Path, tmp
     # Comments, blank lines, spacing, key order inside a table and another spelling of the same float.
     reformatted = MINI.replace(
         'title = "mini: two items, three rungs"\nquestion = "does P1 (and P2) make a step faster?"',
-        '# reformatted by hand\nquestion   =   "does P1 (and P2) make a step faster?"\n\n\ntitle = "mini: two items, three rungs"',
+        '# reformatted by hand\nquestion   =   "does P1 (and P2) make a step faster?"\n\n\n'
+        'title = "mini: two items, three rungs"',
     ).replace(
         "bounds = { loss_abs = 1e-3, grad_norm_rel = 1e-2 }",
         "bounds = {grad_norm_rel=0.01,loss_abs=0.001}  # the frozen bounds",
@@ -278,7 +279,10 @@ outcome = "launch"
 
 
 def ladder_rung(rung: str, *, vram: float, s_per_step: float) -> str:
-    return f'[rungs.{rung}]\nitems = []\nstatus = "finished"\nmetrics = {{ rc = 0, vram_peak_gib = {vram}, s_per_step = {s_per_step} }}\n'
+    return (
+        f'[rungs.{rung}]\nitems = []\nstatus = "finished"\n'
+        f"metrics = {{ rc = 0, vram_peak_gib = {vram}, s_per_step = {s_per_step} }}\n"
+    )
 
 
 def test_a_pass_rule_change_is_honoured_only_for_rungs_measured_after_it(cli: Cli, tmp_path: Path) -> None:

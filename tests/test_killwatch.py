@@ -1,4 +1,4 @@
-"""Kill lines as the engine checks them on every window (engine/killwatch.py, DESIGN.md "Kill lines"): a line
+"""Kill lines as the engine checks them on every window (engine/killwatch.py, docs/design.md "Kill lines"): a line
 with at = "save" that holds waits for the next save boundary, even if it stops holding; a window line kills at
 once; a line scoped to rungs or suspecting items watches only those."""
 
@@ -58,8 +58,10 @@ def test_a_window_line_kills_at_once(reg):
     assert kill is not None and kill["kill"] == "K-window" and kill["step"] == 10 and kill["drops"] == []
 
 
-@pytest.mark.parametrize(("rung", "items", "watched"), [("A", (), False), ("B", ("P1",), True), ("C", ("P1", "P2"), True),
-                                                        ("C", ("P2",), False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rung", "items", "watched"),
+    [("A", (), False), ("B", ("P1",), True), ("C", ("P1", "P2"), True), ("C", ("P2",), False)],
+)
 def test_a_line_watches_only_its_rungs_and_runs_that_carry_what_it_suspects(reg, rung, items, watched):
     """K-cudnn is about P1 on rungs B and C: a C re-run without P1 (primed after a drop) is not its business."""
     kill = KillWatch(reg, rung, items).check(windows(float("nan")))

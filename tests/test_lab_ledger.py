@@ -52,9 +52,10 @@ def test_where_the_engine_ran_a_ladder_the_gate_came_first(lab: Ledger) -> None:
 
 def test_a_paired_read_is_bootstrapped_by_window_index(lab: Ledger) -> None:
     """molmo2-fast-same-steps-h200 compares the training loss of two rungs that saw the same samples window by
-    window, while the loss fell 35% across the read windows (4.51 to 2.93). Resampling each rung's windows on its own compared early windows
-    of one with late ones of the other and gave the 0.8% loss gap an interval reaching 33%; resampled by window
-    index, the interval is the gap's own spread. The speed reads keep independent draws."""
+    window, while the loss fell 35% across the read windows (4.51 to 2.93). Resampling each rung's windows on its
+    own would compare early windows of one with late ones of the other and give the 0.8% loss gap an interval
+    reaching 33%; resampled by window index, the interval is the gap's own spread. The speed reads keep
+    independent draws."""
     from prereg.verdict import compute_verdict
 
     verdict = compute_verdict(lab, "molmo2-fast-same-steps-h200")

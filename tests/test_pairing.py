@@ -1,4 +1,4 @@
-"""Seed 002's "paired arms must share the flag" (prereg/pairing.py): a compare ladder may not compare a loss (or an
+"""Paired arms must share the flag (prereg/pairing.py): a compare ladder may not compare a loss (or an
 evaluation of the trained weights) across rungs whose steps group the samples differently. Freeze, check and amend
 refuse it with exit 2, naming the file, the field and the key, and write nothing; speed comparisons stay allowed."""
 
@@ -58,19 +58,37 @@ def test_the_comparison_is_found_through_reads_and_in_expectations() -> None:
 def test_what_stays_allowed(case: str) -> None:
     text = {
         "speed only": BUCKETED_B,  # MINI reads s_per_step and vram_peak_gib: the flag's own A/B
-        "shared flag": variant(MINI, **{"config = { batch = 4, backward_chunks = 2 }": "config = { batch = 4, backward_chunks = 2, bucket_by_length = true }",
-                                        "[reads]\n": LOSS_READ}),
-        "steps kept": variant(MINI, **{'id = "B"\n  items = ["P1"]': 'id = "B"\n  items = ["P1"]\n  config = { chunk_by_cameras = true }',
-                                       "[reads]\n": LOSS_READ}),
+        "shared flag": variant(
+            MINI,
+            **{
+                "config = { batch = 4, backward_chunks = 2 }": (
+                    "config = { batch = 4, backward_chunks = 2, bucket_by_length = true }"
+                ),
+                "[reads]\n": LOSS_READ,
+            },
+        ),
+        "steps kept": variant(
+            MINI,
+            **{
+                'id = "B"\n  items = ["P1"]': 'id = "B"\n  items = ["P1"]\n  config = { chunk_by_cameras = true }',
+                "[reads]\n": LOSS_READ,
+            },
+        ),
         "one rung": variant(BUCKETED_B, **{"[reads]\n": '[reads]\nloss_b = "B.loss"\n'}),
-        "until_pass": variant(BUCKETED_B, **{"[reads]\n": LOSS_READ, 'kind = "compare"': 'kind = "until_pass"\npass_rule = "rc == 0"'}),
-    }[case]  # fmt: skip
+        "until_pass": variant(
+            BUCKETED_B, **{"[reads]\n": LOSS_READ, 'kind = "compare"': 'kind = "until_pass"\npass_rule = "rc == 0"'}
+        ),
+    }[case]
     assert unpaired_comparisons(_registration(text)) == []
 
 
 def test_an_amendment_that_introduces_the_comparison_is_refused(cli: Cli, frozen_mini: Path, tmp_path: Path) -> None:
-    amendment = write(tmp_path, "a.toml", 'reason = "compare losses too"\n[add.reads]\nloss_drift = "abs(B.loss - A.loss) / A.loss"\n'
-                                          "[set.protocol.rungs.B]\nconfig = { bucket_by_length = true }\n")  # fmt: skip
+    amendment = write(
+        tmp_path,
+        "a.toml",
+        'reason = "compare losses too"\n[add.reads]\nloss_drift = "abs(B.loss - A.loss) / A.loss"\n'
+        "[set.protocol.rungs.B]\nconfig = { bucket_by_length = true }\n",
+    )
     before = ledger_fingerprint(cli.ledger)
     result = cli.on_ledger("amend", "mini", amendment)
     assert result.exit_code == INVALID and str(amendment) in result.stderr and "reads.loss_drift" in result.stderr

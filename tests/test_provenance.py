@@ -1,4 +1,4 @@
-"""What a freeze records (DESIGN.md "The ledger"): the document's canonical hash, the source file's hash, the git
+"""What a freeze records (docs/design.md "The ledger"): the document's canonical hash, the source file's hash, the git
 commit and whether the tree was dirty with a hash of the diff, and the tool version. A tree copied without its
 .git (a lent GPU machine) records the commit its launcher states, marked as stated."""
 
@@ -17,9 +17,14 @@ from prereg.provenance import git_state, tool_version
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo), "PATH": "/usr/bin:/bin"}).stdout.strip()  # fmt: skip
+    identity = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    env = {**identity, "HOME": str(repo), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Seed 003's F1 memory ladder, replayed through the command line in the seed's order, reaches the seed's conclusion.
+"""The F1 memory ladder (registrations/molmo2-ar-40k-f1.toml), replayed through the command line in the order it
+was recorded, reaches the recorded conclusion.
 
 freeze (the three-rung ladder) → record rungs 1-3 → amend rung 4 → record rung 4 → … → amend rung 8 → record rung 8
-→ verdict. The seed concludes: rungs 1-6 OOM (rejected), rung 7 trains but fails the nvidia-smi peak rule
+→ verdict. The record concludes: rungs 1-6 OOM (rejected), rung 7 trains but fails the nvidia-smi peak rule
 (rejected), rung 8 passes the allocated-memory rule its amendment brought, and F2 keeps the full 40k (28.3 h ≤ 30 h).
 Each rung is judged by the pass rule in force when it was measured, never by a later one.
 """
@@ -21,8 +22,8 @@ HISTORY = REGISTRATIONS / F1
 SMI_RULE = "rc == 0 and smi_peak_mib <= 75000"  # the frozen rule: "rc=0 AND peak ≤ ~75 GiB/GPU", nvidia-smi
 ALLOCATED_RULE = "rc == 0 and vram_peak_gib <= 71"  # rung 8's amendment: "max vram_alloc_peak_gib … ≤ 71 GiB"
 
-# Seed 003 §3 in order: the frozen ladder's three rungs are measured, then each amendment precedes its smoke.
-SEED_ORDER: list[tuple[str, int]] = [("record", 1), ("record", 2), ("record", 3)] + [
+# The recorded order: the frozen ladder's three rungs are measured, then each amendment precedes its smoke.
+RECORDED_ORDER: list[tuple[str, int]] = [("record", 1), ("record", 2), ("record", 3)] + [
     (verb, rung) for rung in range(4, 9) for verb in ("amend", "record")
 ]
 # The document version each rung is measured under: amendment k (rung k + 3) makes version k.
@@ -47,12 +48,12 @@ def replay(
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cli, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("f1-replay")
     cli = Cli(tmp / "ledger.db", tmp)
-    return cli, replay(cli, SEED_ORDER)
+    return cli, replay(cli, RECORDED_ORDER)
 
 
-def test_the_bundled_history_is_exactly_the_seed_order():
+def test_the_bundled_history_is_exactly_the_recorded_order():
     bundled = sorted(p.name for p in HISTORY.iterdir())
-    assert bundled == sorted(step_file(verb, rung).name for verb, rung in SEED_ORDER)
+    assert bundled == sorted(step_file(verb, rung).name for verb, rung in RECORDED_ORDER)
 
 
 def test_rung8_passes_the_rule_its_amendment_set(replayed):
@@ -107,11 +108,11 @@ def test_the_ledger_verifies_after_the_replay(replayed):
     cli, _ = replayed
     report = cli.ok_json("audit", "verify")
     assert report["ok"] is True and report["first_bad"] is None
-    assert report["entries"] == 1 + len(SEED_ORDER) + 1  # freeze, the seed's steps, the verdict
+    assert report["entries"] == 1 + len(RECORDED_ORDER) + 1  # freeze, the recorded steps, the verdict
 
 
 def rung7_with_allocated_peak(directory: Path) -> Path:
-    """Rung 7's record plus an allocated peak that rung 8's rule would pass (the seed reports none)."""
+    """Rung 7's record plus an allocated peak that rung 8's rule would pass (its record reports none)."""
     path = directory / "record-rung7-allocated.toml"
     path.write_text(
         textwrap.dedent("""
@@ -128,7 +129,7 @@ def rung7_with_allocated_peak(directory: Path) -> Path:
 
 def test_rung7_stays_rejected_even_when_rung8s_rule_would_pass_it(tmp_path: Path):
     cli = Cli(tmp_path / "ledger.db", tmp_path)
-    verdict = replay(cli, SEED_ORDER, replace={("record", 7): rung7_with_allocated_peak(tmp_path)})
+    verdict = replay(cli, RECORDED_ORDER, replace={("record", 7): rung7_with_allocated_peak(tmp_path)})
     rung7 = next(r for r in verdict["until_pass"]["rejected"] if r["rung"] == "rung7")
     assert (rung7["pass_rule"], rung7["version"]) == (SMI_RULE, 4)
     assert verdict["until_pass"]["passed"] == "rung8"
@@ -137,7 +138,7 @@ def test_rung7_stays_rejected_even_when_rung8s_rule_would_pass_it(tmp_path: Path
 def test_the_same_rung7_measured_after_rung8s_amendment_passes_under_it(tmp_path: Path):
     # The contrast that makes the test above mean something: the rule follows the time of measurement.
     cli = Cli(tmp_path / "ledger.db", tmp_path)
-    order = [step for step in SEED_ORDER if step != ("record", 7)]
+    order = [step for step in RECORDED_ORDER if step != ("record", 7)]
     order.insert(order.index(("amend", 8)) + 1, ("record", 7))
     verdict = replay(cli, order, replace={("record", 7): rung7_with_allocated_peak(tmp_path)})
     assert verdict["until_pass"]["passed"] == "rung7"

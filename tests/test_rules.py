@@ -1,5 +1,5 @@
-"""The rule language: the DESIGN.md and seed expressions, three-valued semantics, and a hypothesis
-round-trip of random well-formed expressions against an independent reference evaluator."""
+"""The rule language: the expressions of docs/design.md and the bundled registrations, three-valued semantics,
+and a hypothesis round-trip of random well-formed expressions against an independent reference evaluator."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def value(text: str, scope: Scope, **env) -> object:
     return compile_expr(text, scope).evaluate(MapEnv(**env))
 
 
-# -- the DESIGN.md example reads and rules --------------------------------------------------------
+# -- the docs/design.md example reads and rules ---------------------------------------------------
 
 
 def test_primary_read_is_the_relative_step_time_gain():
@@ -148,7 +148,7 @@ def test_context_functions_ask_the_env_and_name_the_question_when_unknown():
     assert compile_expr('passed("P2a")', RULES).evaluate(env) == Undefined('passed("P2a"): no result recorded')
 
 
-# -- seed 003's K1 kill line over a synthetic run -------------------------------------------------
+# -- the K1 kill line of registrations/molmo2-ar-40k.toml over a synthetic run --------------------
 
 
 def k1_fires(probe: dict[int, float], *, nan_loss_at: int | None = None, last_step: int = 12000) -> dict[int, object]:

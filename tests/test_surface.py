@@ -1,4 +1,4 @@
-"""The CLI surface is a contract (DESIGN.md "The command line"): verbs, arguments and options are frozen in a
+"""The CLI surface is a contract (docs/design.md "The command line"): verbs, arguments and options are frozen in a
 golden file; a change to them is a deliberate change of that file (PREREG_UPDATE_GOLDEN=1 regenerates it)."""
 
 from __future__ import annotations

@@ -12,9 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 P1_FAILS = "[oracles.P1a]\nloss_abs = 8.7e-3\ngrad_norm_rel = 4e-3\n[oracles.P2a]\nmissing = []\nviolations = []\n"
-P2_FAILS = '[oracles.P1a]\nloss_abs = 2e-4\ngrad_norm_rel = 3e-3\n[oracles.P2a]\nmissing = ["vram_window_peak_gib"]\nviolations = []\n'
+P2_FAILS = (
+    "[oracles.P1a]\nloss_abs = 2e-4\ngrad_norm_rel = 3e-3\n"
+    '[oracles.P2a]\nmissing = ["vram_window_peak_gib"]\nviolations = []\n'
+)
 
-# The keys `prereg verdict --json` promises other tools (DESIGN.md, "The command line").
+# The keys `prereg verdict --json` promises other tools (docs/design.md, "The command line").
 PROMISED = {"outcome", "rule", "land", "park", "dropped", "reads", "undefined", "expectations", "post_hoc"}
 
 
@@ -395,13 +398,17 @@ def test_a_paired_interval_pairs_the_windows_every_rung_has(cli: Cli, tmp_path: 
     cli.ok("freeze", write(tmp_path, "paired.toml", PAIRED))
 
     def windows(rung: str, losses: list[float]) -> str:
-        return "".join(f"[[rungs.{rung}.windows]]\nstep = {10 * (k + 1)}\ns_per_step = 1.0\nloss = {loss!r}\nvram_peak_gib = 10.0\n"
-                       for k, loss in enumerate(losses))  # fmt: skip
+        return "".join(
+            f"[[rungs.{rung}.windows]]\nstep = {10 * (k + 1)}\ns_per_step = 1.0\nloss = {loss!r}\n"
+            "vram_peak_gib = 10.0\n"
+            for k, loss in enumerate(losses)
+        )
 
     a = [9.0, 4.0, 3.0, 2.0, 100.0]  # step 10 is warm-up
     b = [9.09, 4.04, 3.03, 2.02]
-    cli.ok("record", "paired", record_file(tmp_path, "r.toml", '[rungs.A]\nitems = []\nstatus = "finished"\n' + windows("A", a),
-                                           '[rungs.B]\nitems = []\nstatus = "finished"\n' + windows("B", b)))  # fmt: skip
+    finished = '\nitems = []\nstatus = "finished"\n'
+    rung_a, rung_b = "[rungs.A]" + finished + windows("A", a), "[rungs.B]" + finished + windows("B", b)
+    cli.ok("record", "paired", record_file(tmp_path, "r.toml", rung_a, rung_b))
     verdict = cli.ok_json("verdict", "paired")
     assert verdict["reads"]["loss_gap"] == pytest.approx(abs(3.03 - 3.5) / 3.5)  # medians over each rung's own windows
     low, high = verdict["intervals"]["loss_gap"]

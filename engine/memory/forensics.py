@@ -1,10 +1,10 @@
 """Who holds the device memory: a CUDA allocator snapshot, attributed to parameters, gradients, optimizer state,
 DDP reducer buckets, autocast copies, activations, other and fragmentation.
 
-Seed 003's F1 ladder spent six rungs on component arithmetic that kept missing >= 10 GiB; the snapshot read
-(rung 7's forensics) found the block none of them had touched (DDP's reducer buckets, allocated at
-construction). This module is that read, made repeatable: it takes the dict `torch.cuda.memory._snapshot()`
-returns (pickled by engine.memory.snapshot) and says what was live at the peak.
+The F1 memory ladder (registrations/molmo2-ar-40k-f1.toml) spent six rungs on component arithmetic that kept
+missing >= 10 GiB; the snapshot read (rung 7's forensics) found the block none of them had touched (DDP's reducer
+buckets, allocated at construction). This module is that read, made repeatable: it takes the dict
+`torch.cuda.memory._snapshot()` returns (pickled by engine.memory.snapshot) and says what was live at the peak.
 
 Two sources, the table says which one it used:
 - the allocation history (`device_traces`): every alloc / free / segment event is replayed and the live

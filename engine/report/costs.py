@@ -83,7 +83,7 @@ def cost_markdown(cost: dict[str, Any], image: str | None = None) -> list[str]:
     lines += [
         "",
         "How the parts are read from the ledger:",
-        "- total: each process's recorded device time (gate entries' `gpu_s`, run-ends' `totals.gpu_s`: wall time "
+        "- total: each process's recorded device-seconds (gate entries' `gpu_s`, run-ends' `totals.gpu_s`: wall time "
         "from the process's start, model load included, times its devices; interleaved rungs split their process's "
         f"evenly) — the number the ceiling judges (the verdict's cost: {_s(cost['recorded_gpu_s'])}).",
         "- model load: run-ends' `totals.load_gpu_s`; oracle probes: each oracle entry's `gpu_s`.",

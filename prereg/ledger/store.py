@@ -67,8 +67,11 @@ class Ledger:
                 raise
             # A file the database cannot read at all (SQLite: "file is not a database"): bad input, like a ledger
             # whose meta row is missing, named with the file and a way forward, not an unexpected error.
-            raise InvalidInput(f"not a readable database ({error.orig}): not a prereg ledger, or a damaged one", where=url,
-                               fix="name the ledger's file; restore a damaged one from a copy or an export (`prereg audit import`)") from None  # fmt: skip
+            raise InvalidInput(
+                f"not a readable database ({error.orig}): not a prereg ledger, or a damaged one",
+                where=url,
+                fix="name the ledger's file; restore a damaged one from a copy or an export (`prereg audit import`)",
+            ) from None
         except BaseException:
             backend.close()
             raise

@@ -1,5 +1,5 @@
 """The rule language: the small expression language of reads, rules, pass rules, kill lines and
-expectation checks (DESIGN.md, "The rule language").
+expectation checks (docs/design.md, "The rule language").
 
     expr = compile_expr("(A.s_per_step - C.s_per_step) / A.s_per_step", Scope("reads", rungs=..., metrics=...))
     expr.evaluate(env)   # a number, a boolean, ... or Undefined("C.s_per_step: rung C did not run")

@@ -300,7 +300,8 @@ class HistoryCall(Node):
         steps = [step for step, _ in history]
         if steps != sorted(set(steps)) or not all(isinstance(v, (bool, int, float)) for _, v in history):
             raise ValueError(
-                f"Env.history({self.metric!r}) must be (step, value) pairs, oldest first, one per step; got steps {steps}"
+                f"Env.history({self.metric!r}) must be (step, value) pairs, oldest first, one per step; "
+                f"got steps {steps}"
             )
         return _located(self.source, self.function.apply(self.metric, history, argument))
 

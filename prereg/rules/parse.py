@@ -185,7 +185,8 @@ class _Compiler:
         if max(deepest, parentheses) > MAX_DEPTH:
             raise RuleError(
                 self.text,
-                f"the expression nests {max(deepest, parentheses)} deep; the cap is {MAX_DEPTH} nested sub-expressions or parentheses",
+                f"the expression nests {max(deepest, parentheses)} deep; "
+                f"the cap is {MAX_DEPTH} nested sub-expressions or parentheses",
                 allowed="split it into named reads, and write a long sum as sum(a, b, ...)",
             )
 
@@ -249,7 +250,10 @@ class _Compiler:
         scope, kind = self.scope, self.scope.kind
         if kind in REFERENCE_KINDS and name in scope.metrics:
             example = sorted(scope.rungs - {"PASS"})[:1] or ["RUNG"]
-            return f"{name!r} is a metric; in {KIND_NOUNS[kind]} name the rung it was measured on, e.g. {example[0]}.{name}"
+            return (
+                f"{name!r} is a metric; in {KIND_NOUNS[kind]} name the rung it was measured on, "
+                f"e.g. {example[0]}.{name}"
+            )
         if name == "step":
             return "'step' exists only in kill lines, where it is the last step of the window just finished"
         if name in scope.rungs:
@@ -286,7 +290,8 @@ class _Compiler:
         self._spelled(node, self._segment(node), f"{rung}.{metric}")
         if rung == "PASS" and scope.kind == "pass_rule":
             raise self._refuse(
-                "PASS is not available in a pass rule: it names the rung that passed, which is what the pass rule decides",
+                "PASS is not available in a pass rule: "
+                "it names the rung that passed, which is what the pass rule decides",
                 node=node,
             )
         if rung not in scope.rungs:
@@ -296,7 +301,9 @@ class _Compiler:
                 if other_name
                 else f"rung {rung!r} does not exist" + _suggestion(rung, scope.rungs),
                 node=node,
-                allowed=f"rungs are {_listing(scope.rungs)} (a dotted name is RUNG.metric, never Python attribute access)",
+                allowed=(
+                    f"rungs are {_listing(scope.rungs)} (a dotted name is RUNG.metric, never Python attribute access)"
+                ),
             )
         if metric not in scope.metrics:
             raise self._refuse(

@@ -55,7 +55,8 @@ class Scope:
             )
             if bad:
                 raise ValueError(
-                    f"Scope.{field_name}: {bad} cannot be written in an expression; names are ASCII identifiers, not Python keywords"
+                    f"Scope.{field_name}: {bad} cannot be written in an expression; "
+                    "names are ASCII identifiers, not Python keywords"
                 )
         if self.reads and self.kind not in REFERENCE_KINDS:
             # A bare name in a pass rule or kill line is a metric; reads there would make it ambiguous.

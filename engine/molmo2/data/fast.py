@@ -1,4 +1,4 @@
-"""FAST: the action tokenizer of pi0-FAST / MolmoAct (reference §5), written for this workload.
+"""FAST: the action tokenizer of pi0-FAST / MolmoAct (its `UniversalActionProcessor`), written for this workload.
 
 A chunk of actions [T, D] becomes a variable-length list of BPE ids:
 

@@ -1,4 +1,4 @@
-"""Molmo2's image processing for rig frames (reference §3.1, §3.3; transformers' `Molmo2ImageProcessor` and
+"""Molmo2's image processing for rig frames (transformers' `Molmo2ImageProcessor` and
 `Molmo2Processor.replace_image_token` are the behaviour reproduced — facts carried over, code written here).
 
 One image becomes:
@@ -17,11 +17,11 @@ One image becomes:
 
 Token count at the 4B operating point (max_crops = 1): the tiling is 1x1 and the canvas 1 * 266 + 112 = 378 px,
 so both views are 27x27 patches -> 14x14 = 196 pooled tokens each (392 features). The token string is
-2 + 14 * 15 = 212 (low-res) + 212 (high-res) = 424 ids with transformers' defaults (reference §3.3), but the hub
-checkpoint's processor_config.json sets `use_single_crop_col_tokens: false` (noted in transformers'
-tests/models/molmo2/test_processing_molmo2.py), which drops the 14 low-res `<im_col>` ids: 2 + 196 = 198 + 212
-= 410 — seed 003's "410 image tokens/camera" is exactly that. `ImageGeometry.for_4b()` follows the hub
-(low_res_col_tokens=False).
+2 + 14 * 15 = 212 (low-res) + 212 (high-res) = 424 ids with transformers' defaults (the hub processor's
+`get_image_tokens`), but the hub checkpoint's processor_config.json sets `use_single_crop_col_tokens: false`
+(noted in transformers' tests/models/molmo2/test_processing_molmo2.py), which drops the 14 low-res `<im_col>`
+ids: 2 + 196 = 198 + 212 = 410, the "410 image tokens/camera" of the AR recipe
+(registrations/molmo2-ar-40k.toml). `ImageGeometry.for_4b()` follows the hub (low_res_col_tokens=False).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The text side: the token-id layout, text tokenizers, and prompt / suffix assembly (seed 004 WP3).
+"""The text side: the token-id layout, text tokenizers, and prompt / suffix assembly.
 
-Id layout (reference §1; seeds 003/004):
+Id layout (allenai/Molmo2-4B's config.json and added_tokens.json, plus the rows this workload adds):
     [0, vocab_size)                                  base vocabulary (text; lm_head rows)
     vocab_size + {0..9}                              image/video specials in the extension table
     vocab_size + 10                                  the state slot (ours; see STATE_SLOT_OFFSET)
@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from engine.molmo2.data.processor import ImageTokenIds
 
-# Offsets above vocab_size of the extension table's rows (reference §1).
+# Offsets above vocab_size of the extension table's rows (the hub checkpoint's added_tokens.json).
 IMAGE_SPECIAL_OFFSETS = {
     "im_start": 0,
     "im_end": 1,
@@ -77,7 +77,8 @@ class TokenLayout:
 
     @classmethod
     def for_4b(cls) -> "TokenLayout":
-        """allenai/Molmo2-4B (reference §1): pad <|endoftext|> 151643, <|im_start|> 151644, <|im_end|> 151645."""
+        """allenai/Molmo2-4B (its special_tokens_map.json): pad <|endoftext|> 151643, <|im_start|> 151644,
+        <|im_end|> 151645."""
         return cls(vocab_size=151_936, pad_id=151_643, im_start_text_id=151_644, im_end_text_id=151_645)
 
     @classmethod
@@ -207,7 +208,7 @@ def text_tokenizer_for(layout: TokenLayout, checkpoint_dir: str | Path | None) -
         return ByteTokenizer.for_layout(layout)
     path = Path(checkpoint_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: a checkpoint carries its tokenizer (seed 004 WP3)")
+        raise FileNotFoundError(f"{path} not found: a checkpoint carries its tokenizer")
     return CheckpointTokenizer.from_file(path, layout)
 
 

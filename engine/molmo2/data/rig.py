@@ -1,4 +1,4 @@
-"""Synthetic robot-rig episodes with learnable structure (seed 003's recipe, scaled down to something we generate).
+"""Synthetic robot-rig episodes with learnable structure (the AR recipe's, scaled down to something we generate).
 
 A scene is a table with a target block (its colour named in the instruction) and one or two distractors, and a
 gripper at some point of a pick: `reach` (above the target), `grasp` (down onto it, closing) or `lift`. The
@@ -150,8 +150,9 @@ def aux_fields(scene: RigScene, chunk: np.ndarray) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RigAugment:
-    """The dropouts of seed 003's recipe. Our reading of its "conditioning ... (0.1/0.5 dropouts)": each
-    condition field is left out with probability 0.1, and the whole conditioning block with probability 0.5."""
+    """The dropouts of the AR recipe (registrations/molmo2-ar-40k.toml quotes them). Our reading of its
+    "conditioning ... (0.1/0.5 dropouts)": each condition field is left out with probability 0.1, and the whole
+    conditioning block with probability 0.5."""
 
     field_dropout: float = 0.1  # each aux field independently left out of the suffix
     aux_dropout: float = 0.0  # the whole aux text left out
