@@ -10,10 +10,9 @@ from collections import Counter
 
 import pytest
 import torch
-from molmo2_fixtures import Row, make_batch, tiny_config, tiny_model
+from molmo2_fixtures import Row, make_batch, make_runner, run_config, tiny_config, tiny_model
 
 from engine.molmo2.attention.execution import Execution
-from engine.molmo2.declaration import PROFILES
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums
 from engine.molmo2.model.batch import ARBatch
 from engine.molmo2.model.model import (
@@ -22,7 +21,7 @@ from engine.molmo2.model.model import (
     prefix_attention_mask,
     prefix_block_mask,
 )
-from engine.molmo2.runner import COMPILED_PAD_MULTIPLE, Molmo2Runner
+from engine.molmo2.runner import COMPILED_PAD_MULTIPLE
 from engine.molmo2.switches import HEAD
 
 ROWS = [Row(images=2, text=5, aux=2, fast=3, two_crops=True), Row(images=1, text=3, aux=1, fast=2),
@@ -132,8 +131,7 @@ def test_compiled_blocks_train_like_eager(batch):
 
 
 def _step_gradient(backward_chunks: int, step_index: int):
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": backward_chunks, "bucket_by_length": True},
-                          seed=0)  # fmt: skip
+    runner = make_runner(batch=6, backward_chunks=backward_chunks, bucket_by_length=True)
     runner.load()
     runner.model.double()
     step = runner.pool[step_index]
@@ -149,7 +147,7 @@ def _step_gradient(backward_chunks: int, step_index: int):
 def test_bucketed_chunking_keeps_the_step_gradient():
     """Chunks split where the camera counts meet, so chunk sizes vary: the step's gradient is the same however the
     step is cut (fp64, to 1e-12)."""
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "bucket_by_length": True}, seed=0)
+    runner = make_runner(batch=6, backward_chunks=1, bucket_by_length=True)
     runner.load_data()
     index = next(i for i, s in enumerate(runner.pool) if len(s.chunks) > 1)  # where the counts meet: 1 + 5
     sizes_one, one = _step_gradient(1, index)
@@ -166,53 +164,17 @@ def test_compiled_model_keeps_the_checkpoint_layout():
     assert set(model.state_dict()) == keys  # the compiled wrappers are not submodules
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("prefix_attention", "dense"), ("suffix_attention", "math"), ("compile", "yes"), ("dynamic", 1)],
-)
-def test_execution_refuses_unknown_values(field, value):
-    with pytest.raises(ValueError, match=field):
-        Execution(**{field: value, **({"compile": True} if field == "dynamic" else {})})
-
-
-def test_dynamic_shapes_need_compile():
-    with pytest.raises(ValueError, match="compile_dynamic = true needs compile = true"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"compile_dynamic": True}, seed=0)
-
-
 MORE_ROWS = ROWS + [Row(images=1, text=9, aux=2, fast=2), Row(images=2, text=4, aux=1, fast=3)]
-
-
-def test_dynamic_compile_reuses_one_graph_for_new_batch_sizes_and_computes_what_eager_does():
-    """compile_dynamic: after the first new size (one recompile, the size made symbolic), batches of other sizes
-    reuse the graphs; each batch's logits match eager's. Forward only, to keep CPU compilation short; training
-    parity on CUDA is the GPU test below."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    model = tiny_model(seed=5).eval()
-    compiled = tiny_model(seed=5).eval()
-    compiled.set_execution(Execution(compile=True, dynamic=True))
-    graphs = []
-    for size in (3, 2, 4, 5):
-        b = make_batch(tiny_config(), MORE_ROWS[:size], seed=20 + size)
-        with torch.no_grad():
-            assert _max_logit_diff(ar_forward(model, b), ar_forward(compiled, b)) <= FORWARD_ATOL
-        graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[1] > graphs[0] and graphs[3] == graphs[2] == graphs[1], graphs  # sizes 4 and 5: no new graph
 
 
 @pytest.mark.parametrize("key", ["prefix_attention", "suffix_attention"])
 def test_flex_is_refused_on_a_cpu_profile(key):
     with pytest.raises(ValueError, match=f"{key} = 'flex' needs CUDA"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {key: "flex"}, seed=0)
+        run_config(**{key: "flex"})
 
 
 def _pool(**config):
-    runner = Molmo2Runner(
-        PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 2, "camera_counts": [1, 2], **config}, seed=0
-    )
+    runner = make_runner(batch=4, backward_chunks=2, camera_counts=[1, 2], **config)
     runner.load_data()
     return runner.pool
 
@@ -243,7 +205,7 @@ def test_chunking_by_cameras_keeps_heads_steps_and_cuts_only_their_chunks():
 
 
 def _step_losses(steps: int, **config) -> list[float]:
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, **config}, seed=0)
+    runner = make_runner(batch=6, **config)
     runner.load()
     return [float(runner.trainer.step(runner.pool[k % len(runner.pool)])[0]) for k in range(steps)]
 
@@ -307,29 +269,6 @@ def test_cuda_suffix_flex_at_the_4b_head_geometry_matches_sdpa_forward_and_backw
     grads = [torch.autograd.grad(out, (q, k, v), cotangent, retain_graph=True) for out in (flex, dense)]
     for a, b in zip(*grads):
         assert (a - b).abs().max().item() <= GRAD_RTOL * b.abs().max().item()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_dynamic_compile_trains_like_eager():
-    """The symbolic-size graphs, not the first static one: a batch of another size after the first, compared with
-    eager SDPA on that batch."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_model(seed=5).to("cuda").train()
-    model.set_execution(Execution(prefix_attention="flex", compile=True, dynamic=True))
-    first = make_batch(tiny_config(), MORE_ROWS[:3], seed=31).to("cuda")
-    ar_loss_sums(ar_forward(model, first), first.suffix, HEAD)["loss_sum"].backward()
-    model.zero_grad(set_to_none=True)
-    second = make_batch(tiny_config(), MORE_ROWS[:4], seed=32)
-    on_device = second.to("cuda")
-    logits = ar_forward(model, on_device)
-    ar_loss_sums(logits, on_device.suffix, HEAD)["loss_sum"].backward()
-    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
-    eager = _train_step(second, Execution(), "cuda")
-    assert _max_logit_diff(eager[0], logits.detach().cpu()) <= FORWARD_ATOL
-    name, diff = _worst_grad(eager[2], grads)
-    assert diff <= GRAD_RTOL, name
 
 
 def test_compiled_model_decodes_eagerly_and_byte_identically():

@@ -35,41 +35,35 @@ tolerance (tests/test_molmo2_execution.py); HEAD's own path stays the seed's.
   suffix through all blocks on its K/V. Each weight then serves one matmul a layer, not two: one cast to bf16,
   one weight gradient, nothing to accumulate (the packed step's profile: 21 ms of casts and 10 ms of fp32
   gradient accumulation). The same function: tests/test_molmo2_packing.py.
-- compile_dynamic (with compile): Dynamo's automatic dynamic shapes instead of specialised ones: the first shape
-  compiles static, the first new size recompiles once with that size symbolic, and later sizes reuse that graph.
-  For pools of many shapes (chunk_by_cameras: two chunks of varying batch per step), where specialising costs a
-  compilation per shape; whether the symbolic kernels run as fast is bench/peer_molmo2.py's question.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-ATTENTION_KERNELS = ("sdpa", "flex")  # for the prefix and for the suffix alike
-PACK_ATTENTION = ("packed", "rows", "varlen", "varlen-cudnn")  # where a packed chunk attends
+if TYPE_CHECKING:
+    from engine.molmo2.run_config import Molmo2RunConfig
+
 VARLEN_KERNELS = {"varlen": "flash", "varlen-cudnn": "cudnn"}  # the segments' CUDA kernel of each varlen choice
 
 
 @dataclass(frozen=True)
 class Execution:
+    """The execution options of one model, taken from a validated run config (the run config owns their rules)."""
+
     prefix_attention: str = "sdpa"
     suffix_attention: str = "sdpa"
     compile: bool = False
-    dynamic: bool = False  # config key compile_dynamic
-    pack_attention: str = "packed"
+    pack_attention: str = "packed"  # consulted for packed chunks only
     pack_one_pass: bool = False
 
-    def __post_init__(self) -> None:
-        for name in ("prefix_attention", "suffix_attention"):
-            if getattr(self, name) not in ATTENTION_KERNELS:
-                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: {list(ATTENTION_KERNELS)}")
-        if self.pack_attention not in PACK_ATTENTION:
-            raise ValueError(f"pack_attention = {self.pack_attention!r}; allowed: {list(PACK_ATTENTION)}")
-        for name in ("compile", "dynamic", "pack_one_pass"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")
-        if self.dynamic and not self.compile:
-            raise ValueError("compile_dynamic = true needs compile = true: dynamic shapes are a way of compiling")
+    @classmethod
+    def of(cls, config: "Molmo2RunConfig") -> "Execution":
+        packing = (
+            {} if not config.pack else {"pack_attention": config.pack_attention, "pack_one_pass": config.pack_one_pass}
+        )
+        return cls(config.prefix_attention, config.suffix_attention, config.compile, **packing)
 
 
 EAGER = Execution()

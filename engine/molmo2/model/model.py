@@ -149,12 +149,10 @@ class Molmo2Model(nn.Module):
         self.execution = execution
         if execution.compile and self._compiled_blocks is None:
             # Specialised shapes (dynamic=False) with room for every (chunk, prefix/suffix) shape of a pool: past
-            # the default limit of 8 Dynamo would silently run the block eagerly. compile_dynamic: None, Dynamo's
-            # automatic dynamic shapes (a size that changes becomes symbolic at its first recompile).
+            # the default limit of 8 Dynamo would silently run the block eagerly.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            dynamic = None if execution.dynamic else False
-            self._compiled_blocks = [torch.compile(block, dynamic=dynamic) for block in self.transformer.blocks]
-            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=dynamic)
+            self._compiled_blocks = [torch.compile(block, dynamic=False) for block in self.transformer.blocks]
+            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False)
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
