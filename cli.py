@@ -157,40 +157,63 @@ def fmt(value: Any) -> str:
 # --- verbs ----------------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def existing_ledger(option: str | None) -> Iterator[Any]:
+    """The ledger at the URL if there is one (None for a ledger file that does not exist); never created."""
+    url = ledger_url(option)
+    if (
+        not url.startswith(("postgresql://", "postgresql+psycopg://"))
+        and not Path(url.removeprefix("sqlite:///")).exists()
+    ):
+        yield None
+        return
+    with open_ledger(option) as store:
+        yield store
+
+
 @app.command()
 def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
-    """Validate a registration and print the resolved plan; writes nothing."""
-    del ledger  # every verb takes --ledger (DESIGN.md); check reads no ledger, so scripts may pass it anyway
-    from prereg.documents import document_hash, load_registration
-    from prereg.pairing import refuse_unpaired
+    """Validate a registration and print the resolved plan with every rung's effective config; writes nothing.
+    A document frozen in the ledger resolves with the defaults it was frozen with."""
+    from prereg.actions import check as do_check
+    from prereg.documents import document_hash
 
-    with verb(as_json):
-        reg, _ = load_registration(file)
-        refuse_unpaired(reg, str(file))
+    with verb(as_json), existing_ledger(ledger) as store:
+        result = do_check(store, file)
+        reg = result.reg
         payload = {
             "id": reg.id,
             "doc_hash": document_hash(reg),
             "valid": True,
+            "frozen": result.frozen,
             "items": [i.id for i in reg.items],
             "rungs": [r.id for r in reg.protocol.rungs],
             "reads": list(reg.reads),
             "rules": [r.id for r in reg.rules],
+            "effective_config": reg.effective_configs(),
+            "config_defaults": reg.config_defaults,
+            "notes": [use.note() for use in result.retired],
         }
         if emit(as_json, payload):
             return
-        print_plan(reg)
+        print_plan(reg, frozen=result.frozen)
+        for note in payload["notes"]:
+            out.print(f"[yellow]note[/]: {esc(note)}")
         out.print(f"[green]valid[/] · document {payload['doc_hash'][:16]}")
 
 
 @app.command()
 def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate and freeze a registration; prints id, document hash, ledger head."""
-    from prereg.actions import freeze_registration
-    from prereg.documents import load_registration
+    from prereg.actions import freeze_registration, load_against, refuse_new_freeze
 
     with verb(as_json):
-        # Validate before the ledger is opened: a bad file must not even create an empty ledger (exit 2 writes nothing).
-        reg, raw = load_registration(file)
+        # Validate before the ledger is opened for writing: a bad file must not even create an empty ledger (exit 2
+        # writes nothing). A document already frozen there resolves with the defaults it was frozen with.
+        with existing_ledger(ledger) as known:
+            reg, raw = load_against(known, file)
+            if known is None or reg.id not in known.reg_ids():
+                refuse_new_freeze(reg, file)
         with open_ledger(ledger, create=True) as store:
             result = freeze_registration(store, reg, raw, file)
         payload = {
@@ -727,7 +750,7 @@ def audit_import(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOpt
 # --- rendering ------------------------------------------------------------------------------------------------
 
 
-def print_plan(reg) -> None:
+def print_plan(reg, *, frozen: bool = False) -> None:
     out.print(f"[bold]{esc(reg.id)}[/] — {esc(reg.title)}")
     out.print(
         f"workload {esc(reg.workload)} · profile {esc(reg.profile)} · {reg.protocol.kind}/{reg.protocol.schedule}"
@@ -760,6 +783,7 @@ def print_plan(reg) -> None:
     ]
     columns = [Column("rung", key=True, min_width=6), Column("items", min_width=12), Column("config", min_width=20)]
     print_table(out, "ladder", columns, rungs)
+    print_effective_config(reg, "the defaults it was frozen with" if frozen else f"{reg.profile}'s current defaults")
     if reg.protocol.pass_rule:
         out.print(f"pass rule: {esc(reg.protocol.pass_rule)}")
     for name, text in reg.reads.items():
@@ -791,6 +815,29 @@ def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
     measured = [[esc(r["rung"]), *(esc(cell(m, r)) for m in metrics)] for r in v["rungs"]]
     columns = [Column("rung", key=True, min_width=6)] + [Column(heading(m), min_width=6) for m in metrics]
     print_table(out, "measured over the read windows", columns, measured)
+
+
+def print_effective_config(reg, defaults: str) -> None:
+    """Every run-config key per rung: the value each rung runs with, a default marked (the document did not set
+    it). A retired key that no rung sets is left out: it is no longer a key a document may set."""
+    from prereg.registry import get_workload
+
+    retired = get_workload(reg.workload).run_config.retired_keys()
+    rung_ids = [r.id for r in reg.protocol.rungs]
+    configs = {r: reg.effective_config(r).model_dump(mode="json") for r in rung_ids}
+    rows = []
+    for key in configs[rung_ids[0]]:
+        if key in retired and all(configs[r][key] is None for r in rung_ids):
+            continue
+        cells = []
+        for rung_id in rung_ids:
+            value = configs[rung_id][key]
+            shown = "—" if value is None else json.dumps(value)
+            cells.append(esc(shown if key in reg.rung_config(rung_id) else f"· {shown}"))
+        rows.append([esc(key), *cells])
+    columns = [Column("key", key=True, min_width=10)] + [Column(esc(r), min_width=6) for r in rung_ids]
+    print_table(out, "effective config", columns, rows)
+    out.print(f"· marks a default: {esc(defaults)}")
 
 
 def print_verdict(v: dict[str, Any], workload: WorkloadDeclaration) -> None:

@@ -29,13 +29,14 @@ import torch  # noqa: E402
 from bench.flex_configs import timed  # noqa: E402
 from engine.molmo2.attention.segments import varlen_call  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
+from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 
 def largest_joined_plan(profile: str):
-    config = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1, "compile": True,
-              "pack": True, "pack_one_pass": True, "pack_attention": "varlen"}  # fmt: skip
-    runner = Molmo2Runner(PROFILES[profile], config, seed=0)
+    raw = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": 1, "compile": True, "pack": True,
+           "pack_one_pass": True, "pack_attention": "varlen"}  # fmt: skip
+    runner = Molmo2Runner(PROFILES[profile], resolve(PROFILES[profile], raw, UNRECORDED_DEFAULTS), seed=0)
     runner.load_data()
     chunks = [step.chunks[0] for step in runner.pool]
     chunk = max(chunks, key=lambda c: c.prefix.input_ids.shape[1])

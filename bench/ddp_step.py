@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
+from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 from engine.workload import join_ranks  # noqa: E402
 
@@ -44,7 +45,8 @@ def main() -> None:
     if ranks.world_size > 1:
         config |= SYNC[args.sync] | ({"zero1": True} if args.zero1 else {})
     profile = PROFILES["h200x2-4b" if ranks.world_size == 2 else "h200-4b"]
-    runner = Molmo2Runner(profile, config, seed=0)
+    # the keys over the defaults this benchmark was written against (the padded eager step)
+    runner = Molmo2Runner(profile, resolve(profile, config, UNRECORDED_DEFAULTS), seed=0)
     runner.load()
     runner.train_window(args.warmup, lambda: False)
     window = runner.train_window(args.steps, lambda: False)

@@ -32,6 +32,7 @@ from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.model.model import prefix_attention_mask, prefix_block_mask  # noqa: E402
+from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 
 # name -> kernel options for flex_attention (None: SDPA peers). "default" is what the model asks for: no options, so
@@ -68,19 +69,17 @@ PEERS = ("sdpa-dense-mask", "sdpa-causal-flash")
 def largest_prefix(profile: str):
     """(attention_mask, mm_token_type_ids) of the fast path's largest prefix chunk (most real tokens), and the
     decoder's TextConfig."""
-    runner = Molmo2Runner(
-        PROFILES[profile],
-        {
-            "batch": 12,
-            "camera_counts": [1, 2],
-            "max_crops": 1,
-            "backward_chunks": 1,
-            "prefix_attention": "flex" if PROFILES[profile].device == "cuda" else "sdpa",
-            "compile": PROFILES[profile].device == "cuda",
-            "bucket_by_length": True,
-        },
-        seed=0,
-    )
+    raw = {
+        "batch": 12,
+        "camera_counts": [1, 2],
+        "max_crops": 1,
+        "backward_chunks": 1,
+        "prefix_attention": "flex" if PROFILES[profile].device == "cuda" else "sdpa",
+        "compile": PROFILES[profile].device == "cuda",
+        "bucket_by_length": True,
+    }
+    # the keys over the defaults this benchmark was written against (the padded eager step)
+    runner = Molmo2Runner(PROFILES[profile], resolve(PROFILES[profile], raw, UNRECORDED_DEFAULTS), seed=0)
     runner.load_data()
     chunks = [c.prefix for step in runner.pool for c in step.chunks]
     prefix = max(chunks, key=lambda p: int(p.attention_mask.sum()))

@@ -41,8 +41,15 @@ from molmo2_peer import transformers_config, transformers_inputs  # noqa: E402
 from engine.molmo2.attention.packing import packed_prefix_mask, packed_suffix_mask  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.model.model import Molmo2Model, prefix_attention_mask  # noqa: E402
+from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 from engine.molmo2.train.step import autocast, synchronize  # noqa: E402
+
+
+def arm_config(profile, raw: dict):
+    """An arm's run config: its keys over the defaults the arms were written against (the padded eager step), so an
+    arm means what its name says whatever the workload defaults to now."""
+    return resolve(profile, raw, UNRECORDED_DEFAULTS)
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -422,7 +429,8 @@ def main() -> None:
     def time_ours(name: str) -> None:
         extra, switches = OURS[name]
         start = time.perf_counter()
-        runner = Molmo2Runner(profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, **extra}, seed=0)
+        raw = {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, **extra}
+        runner = Molmo2Runner(profile, arm_config(profile, raw), seed=0)
         runner.load()
         runner.set_switches(switches)
         load_s = time.perf_counter() - start
@@ -450,9 +458,8 @@ def main() -> None:
 
     def time_peer(chunks: int) -> None:
         start = time.perf_counter()
-        runner = Molmo2Runner(
-            profile, {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}, seed=0
-        )
+        raw = {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}
+        runner = Molmo2Runner(profile, arm_config(profile, raw), seed=0)
         runner.load_data()  # the same pool as our unbucketed arms; the peer builds its own model
         name = f"transformers {transformers.__version__} Molmo2 ({args.peer_attention}, {chunks} chunks)"
         model, step, inputs = peer_runner(runner, device, args.peer_attention)

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     pending = [(item, oracle) for item in reg.items for oracle in item.oracles if oracle.id not in state.oracles]
     if not pending:
         return 0
-    runner = make_runner(declaration, profile, dict(reg.protocol.config), reg.protocol.seed)
+    assert reg.gate_config is not None, "a document with items resolves the oracle gate's config"
+    runner = make_runner(declaration, profile, reg.gate_config, reg.protocol.seed)
     load_start = time.monotonic()
     runner.load()
     load_s = time.monotonic() - load_start

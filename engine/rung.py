@@ -92,7 +92,9 @@ def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
         "workload": reg.workload,
         "profile": reg.profile,
         "seed": protocol.seed,
-        "config": reg.rung_config(runs[0]["rung"]),
+        "config": reg.rung_config(runs[0]["rung"]),  # what the document sets for the rung
+        # every key, defaults included (interleaved rungs share one config: the protocol's)
+        "effective_config": reg.effective_config(runs[0]["rung"]).model_dump(mode="json"),
         "switches": {i.id: i.switch for i in reg.items},
         "version": state.version,
         "schedule": protocol.schedule,
@@ -183,6 +185,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "items": list(run["items"]),
                     "switches": [plan["switches"][i] for i in run["items"]],
                     "config": plan["config"],
+                    "effective_config": plan["effective_config"],
                     "version": plan["version"],
                     "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
                     "interleaved_with": [r["run"] for r in runs if r is not run],
@@ -211,7 +214,8 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     try:
         os.environ[MEMORY_DIR_VARIABLE] = str(memory)
         load_start = time.monotonic()
-        runner = make_runner(declaration, profile, plan["config"], plan["seed"])
+        config = declaration.run_config.load(plan["effective_config"], profile)
+        runner = make_runner(declaration, profile, config, plan["seed"])
         runner.load()
         load_s = time.monotonic() - load_start
         if ranks.writer:

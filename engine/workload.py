@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from prereg.workload import Profile, WorkloadDeclaration
+from prereg.workload import Profile, RunConfig, WorkloadDeclaration
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 # The runner writes a `memory_snapshot` rung's allocation snapshots where this variable points (the rung sets it).
@@ -156,9 +156,9 @@ class WorkloadRunner(Protocol):
         """A checkpoint at a save boundary (called on every rank; rank 0 writes)."""
 
 
-def make_runner(
-    declaration: WorkloadDeclaration, profile: Profile, config: dict[str, Any], seed: int
-) -> WorkloadRunner:
+def make_runner(declaration: WorkloadDeclaration, profile: Profile, config: RunConfig, seed: int) -> WorkloadRunner:
+    """The workload's runner for one process: `config` is the effective config, typed and resolved against
+    `profile` (Registration.effective_config, RunConfigDeclaration.load)."""
     module_name, _, attribute = declaration.runner.partition(":")
     runner_class = getattr(importlib.import_module(module_name), attribute)
     return runner_class(profile=profile, config=config, seed=seed)

@@ -10,7 +10,15 @@ from typing import Any
 from oracles.judge import judge, observation_problem
 from prereg.amend import MeasuredState, apply_amendment, refuse_post_hoc, review_amendment
 from prereg.canonical import canonical_hash, encode_nonfinite, file_hash
-from prereg.documents import document_dict, document_hash, load_amendment, load_record, load_registration, validate
+from prereg.documents import (
+    document_dict,
+    document_hash,
+    load_amendment,
+    load_record,
+    load_registration,
+    registration_id,
+    validate,
+)
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
 from prereg.pairing import FIX as PAIRING_FIX
@@ -18,8 +26,8 @@ from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
 from prereg.provenance import git_state, tool_version
 from prereg.registry import get_workload
-from prereg.schema import Registration
-from prereg.state import RegistrationState, check_record_rungs, require_frozen
+from prereg.schema import CONFIG_DEFAULTS, RETIRED_FIX, Registration, RetiredUse, retired_uses
+from prereg.state import RegistrationState, check_record_rungs, frozen_config_defaults, load_state, require_frozen
 
 
 @dataclass(frozen=True)
@@ -31,8 +39,50 @@ class FreezeResult:
     already: bool  # freezing the same document again is a no-op
 
 
+def load_against(ledger: Ledger | None, path: Path) -> tuple[Registration, bytes]:
+    """The registration in `path` resolved as this ledger knows it: with the defaults table its id was frozen with
+    here, else (a new document, or no ledger) with its workload's current defaults."""
+    reg_id = registration_id(path)
+    defaults = None if ledger is None or reg_id is None else frozen_config_defaults(ledger, reg_id)
+    return load_registration(path, defaults)
+
+
+def refuse_retired(uses: list[RetiredUse], where: str) -> None:
+    if uses:
+        message = "; ".join(use.refusal() for use in uses) + "; a new freeze cannot use a retired option"
+        raise InvalidInput(message, where=where, fix=RETIRED_FIX)
+
+
+def refuse_new_freeze(reg: Registration, path: Path) -> None:
+    """What a new freeze refuses of a valid document (exit 2): an unpaired comparison, a retired option."""
+    refuse_unpaired(reg, str(path))
+    refuse_retired(retired_uses(reg), str(path))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    reg: Registration
+    frozen: bool  # its id is frozen in the ledger checked against (its run configs resolved with the frozen defaults)
+    retired: list[RetiredUse]  # uses of retired options the frozen document already made: notes, not errors
+
+
+def check(ledger: Ledger | None, path: Path) -> CheckResult:
+    """Validate a registration as `prereg freeze` would, writing nothing. A retired option that no frozen version
+    of the document used is refused, as a new freeze would refuse it; one a frozen version used is a note."""
+    reg, _ = load_against(ledger, path)
+    refuse_unpaired(reg, str(path))
+    uses = retired_uses(reg)
+    frozen = ledger is not None and reg.id in ledger.reg_ids()
+    known: set[RetiredUse] = set()
+    if frozen:
+        state = load_state(ledger, reg.id, with_windows=False)
+        known = {use for v in state.versions for use in retired_uses(state.registration_at(v.number))}
+    refuse_retired([use for use in uses if use not in known], str(path))
+    return CheckResult(reg, frozen, uses)
+
+
 def freeze(ledger: Ledger, path: Path) -> FreezeResult:
-    reg, raw = load_registration(path)
+    reg, raw = load_against(ledger, path)
     return freeze_registration(ledger, reg, raw, path)
 
 
@@ -50,7 +100,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             where=str(path),
             fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
         )
-    refuse_unpaired(reg, str(path))
+    refuse_new_freeze(reg, path)
     entry = ledger.append(
         "freeze",
         reg.id,
@@ -61,6 +111,10 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             "source_hash": file_hash(raw),
             "git": git_state(path.resolve().parent),
             "tool": tool_version(),
+            # Every run-config key of every rung, defaults included, and the table they came from: what the
+            # document means stays what it meant today, whatever later code defaults to.
+            "config_defaults": reg.config_defaults,
+            "effective_config": reg.effective_configs(),
         },
     )
     return FreezeResult(reg.id, doc_hash, entry.head, entry.seq, False)
@@ -81,8 +135,12 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
     amendment, raw = load_amendment(path)
     try:
         new_document = apply_amendment(state.document, amendment)
-        new_reg = validate(Registration, new_document, where=str(path), fix=AMENDED_DOCUMENT_FIX)
-        review = review_amendment(state.document, document_dict(new_reg), measured_state(state))
+        # New rungs resolve with the document's frozen defaults, as its frozen rungs do.
+        context = {CONFIG_DEFAULTS: state.config_defaults}
+        new_reg = validate(Registration, new_document, where=str(path), fix=AMENDED_DOCUMENT_FIX, context=context)
+        review = review_amendment(
+            state.document, document_dict(new_reg), measured_state(state), config_defaults=state.config_defaults
+        )
     except InvalidInput as error:
         if error.where is not None:
             raise
@@ -90,9 +148,11 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
         raise InvalidInput(error.message, where=str(path), fix=error.fix) from None
     if review.post_hoc and not post_hoc:
         refuse_post_hoc(review)
-    introduced = set(unpaired_comparisons(new_reg)) - set(unpaired_comparisons(state.registration()))
+    before = state.registration()
+    introduced = set(unpaired_comparisons(new_reg)) - set(unpaired_comparisons(before))
     if introduced:
         raise InvalidInput("; ".join(sorted(introduced)), where=str(path), fix=PAIRING_FIX)
+    refuse_retired([use for use in retired_uses(new_reg) if use not in set(retired_uses(before))], str(path))
     entry = ledger.append(
         "amend",
         reg_id,
@@ -106,6 +166,8 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
             "source_file": path.name,
             "source_hash": file_hash(raw),
             "version": state.version + 1,
+            "config_defaults": state.config_defaults,
+            "effective_config": new_reg.effective_configs(),
         },
     )
     return entry, review.post_hoc
@@ -285,7 +347,7 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
         )
     raw = path.read_bytes()
     if file_hash(raw) != frozen.data["source_hash"]:
-        reg, _ = load_registration(path)
+        reg, _ = load_against(ledger, path)
         same_document = document_hash(reg) == frozen.data["doc_hash"]
         raise Refused(
             f"{path} changed since it was frozen" + (" (formatting only)" if same_document else ""),
@@ -295,6 +357,10 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
 
 
 __all__ = [
+    "check",
+    "CheckResult",
+    "load_against",
+    "refuse_new_freeze",
     "freeze",
     "freeze_registration",
     "amend",

@@ -164,7 +164,15 @@ PROTOCOL_MEASUREMENT = (
 COSMETIC = ("title", "notes", "source", "out_of_scope")
 
 
-def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: MeasuredState) -> AmendmentReview:
+def review_amendment(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    measured: MeasuredState,
+    *,
+    config_defaults: dict[str, Any] | None = None,
+) -> AmendmentReview:
+    """What the amendment changes, and which of its changes are post-hoc. `config_defaults`: the frozen document's
+    defaults table, which the amended document resolves with."""
     changed = diff_paths(before, after)
     if not changed:
         raise InvalidInput(
@@ -222,7 +230,11 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
                     fix="register a variant with its own id",
                 )
             # pass_rule: honoured only for rungs measured after the amendment, so always admissible.
-        elif head in ("rules", "expectations") and rest and _judges_existing_data(after, head, rest[0], measured):
+        elif (
+            head in ("rules", "expectations")
+            and rest
+            and _judges_existing_data(after, head, rest[0], measured, config_defaults)
+        ):
             post_hoc.append(path)
         elif (
             head == "reads" and measured.verdict_inputs_exist and len(rest) == 1 and rest[0] in before.get("reads", {})
@@ -238,14 +250,17 @@ def review_amendment(before: dict[str, Any], after: dict[str, Any], measured: Me
 CONTEXT_FUNCTIONS = ("passed(", "all_oracles_passed(", "killed(", "dropped(")
 
 
-def _judges_existing_data(document: dict[str, Any], head: str, key: str, measured: MeasuredState) -> bool:
+def _judges_existing_data(
+    document: dict[str, Any], head: str, key: str, measured: MeasuredState, config_defaults: dict[str, Any] | None
+) -> bool:
     """Whether a (new or changed) rule or expectation reads something already measured: a rung with data
     (directly or through reads; PASS means any rung), or oracle results and kills that exist. A prediction
     declared before its rung's smoke (seed 003's F1 amendments) is not post-hoc; one written after is."""
-    from prereg.schema import Registration
+    from prereg.schema import CONFIG_DEFAULTS, Registration
     from prereg.verdict import read_scope
 
-    reg = Registration.model_validate(document)
+    context = None if config_defaults is None else {CONFIG_DEFAULTS: config_defaults}
+    reg = Registration.model_validate(document, context=context)
     element = next((e for e in document.get(head, []) if element_key(e) == key), None)
     if element is None:  # removed: removal of a rule or expectation after data is itself post-hoc
         return measured.verdict_inputs_exist

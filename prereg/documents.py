@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from prereg.canonical import canonical_hash, file_hash
 from prereg.errors import InvalidInput
-from prereg.schema import Amendment, ExternalRecord, Registration
+from prereg.schema import CONFIG_DEFAULTS, Amendment, ExternalRecord, Registration
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -75,10 +75,16 @@ def _line_of(source: bytes, loc: tuple[Any, ...]) -> int | None:
 
 
 def validate(
-    model: type[M], data: dict[str, Any], *, where: str, source: bytes | None = None, fix: str | None = None
+    model: type[M],
+    data: dict[str, Any],
+    *,
+    where: str,
+    source: bytes | None = None,
+    fix: str | None = None,
+    context: dict[str, Any] | None = None,
 ) -> M:
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as error:
         first = error.errors()[0]
         loc = tuple(first["loc"])
@@ -96,9 +102,18 @@ def validate(
         raise InvalidInput(message, where=location, fix=fix or FIX.get(model)) from None
 
 
-def load_registration(path: Path) -> tuple[Registration, bytes]:
+def load_registration(path: Path, config_defaults: dict[str, Any] | None = None) -> tuple[Registration, bytes]:
+    """The registration in `path`; its run configs resolve with `config_defaults` (a frozen document's table), else
+    with its workload's current defaults."""
     data, raw = read_toml(path)
-    return validate(Registration, data, where=str(path), source=raw), raw
+    context = None if config_defaults is None else {CONFIG_DEFAULTS: config_defaults}
+    return validate(Registration, data, where=str(path), source=raw, context=context), raw
+
+
+def registration_id(path: Path) -> str | None:
+    """The id a registration file declares, read before it is validated (None when it declares none)."""
+    reg_id = read_toml(path)[0].get("id")
+    return reg_id if isinstance(reg_id, str) else None
 
 
 def load_amendment(path: Path) -> tuple[Amendment, bytes]:
@@ -124,6 +139,7 @@ __all__ = [
     "read_toml",
     "validate",
     "load_registration",
+    "registration_id",
     "load_amendment",
     "load_record",
     "document_dict",

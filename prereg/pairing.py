@@ -1,6 +1,6 @@
 """Seed 002: "paired arms must share the flag".
 
-A run-config key that regroups the samples into steps (molmo2's `bucket_by_length`, declared `regroups_samples`)
+A run-config flag that regroups the samples into steps (molmo2's `bucket_by_length`, marked `REGROUPS_SAMPLES`)
 trains a rung on other steps than a rung without it: another optimisation trajectory, so their losses and the
 evaluations of their weights (the workload's `paired` metrics) are not a paired comparison, however alike the
 samples per pass. molmo2-fast-h200 compared them anyway and its loss expectation read 4.14 against 2.93 after 24
@@ -27,16 +27,13 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
     if reg.protocol.kind != "compare":
         return []
     workload = get_workload(reg.workload)
-    regrouping = [key.name for key in workload.config_keys.values() if key.regroups_samples]
-    assert all(workload.config_keys[key].type is bool for key in regrouping), (
-        "a regrouping key is a flag: unset is False"
-    )
+    regrouping = workload.run_config.regrouping_keys()
     paired = {metric.name for metric in workload.metrics.values() if metric.paired}
     if not regrouping or not paired:
         return []
+    # Each rung's effective value: a default that regroups counts as much as a value the document set.
     values = {
-        rung.id: {key: bool(reg.rung_config(rung.id).get(key, False)) for key in regrouping}
-        for rung in reg.protocol.rungs
+        rung.id: {key: getattr(reg.effective_config(rung.id), key) for key in regrouping} for rung in reg.protocol.rungs
     }
 
     names = {**scope_names(reg, workload), "reads": frozenset(reg.reads)}

@@ -35,8 +35,8 @@ def plan_ladder(reg: Registration, dropped: set[str] | frozenset[str]) -> list[P
         declared = tuple(rung.items)
         surviving = tuple(i for i in declared if i not in dropped)
         lost = [i for i in declared if i in dropped]
-        config_key = tuple(sorted(reg.rung_config(rung.id).items(), key=lambda kv: kv[0]))
-        key = surviving + (repr(config_key),)
+        # Rungs are equal when they run the same items on the same effective config, however each spelled it.
+        key = surviving + (repr(reg.effective_config(rung.id)),)
         skip = None
         if declared and not surviving:
             skip = f"every item it tests was dropped ({', '.join(lost)})"

@@ -7,16 +7,19 @@ expression is compiled by the rule language with the names of its scope. Unknown
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -24,7 +27,7 @@ from pydantic import (
 
 from prereg.registry import get_workload
 from prereg.rules import RuleError, Scope, compile_expr
-from prereg.workload import WorkloadDeclaration
+from prereg.workload import ConfigError, RetiredOption, RunConfig, WorkloadDeclaration
 
 # No "." in ids: amendments and review name fields by dotted paths (items.P1.oracles.P1a.bounds), and an id with a
 # dot would make a path ambiguous, letting a change to something measured pass as a change to something else.
@@ -41,6 +44,10 @@ CONFIDENCE_PROBABILITY: dict[str, float] = {
     "medium-high": 0.65,
     "high": 0.8,
 }
+
+# The validation context's key for the defaults table a document's run configs resolve with: a frozen document's
+# own (prereg/state.py); absent, the workload's current defaults for the document's profile (a new document).
+CONFIG_DEFAULTS = "config_defaults"
 
 # Oracle kinds whose pass condition needs bounds, and the bound names each requires.
 KINDS_WITHOUT_BOUNDS = {"bitwise", "byte_match", "finite", "schema", "raises"}
@@ -250,9 +257,14 @@ class Registration(Strict):
             del data["adoption"]
         return data
 
+    # Set by validation: the defaults table the run configs resolved with, and each rung's effective config.
+    _config_defaults: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _effective: dict[str, RunConfig] = PrivateAttr(default_factory=dict)
+    _gate_config: RunConfig | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
-    def _resolve(self) -> "Registration":
-        resolve_references(self)
+    def _resolve(self, info: ValidationInfo) -> "Registration":
+        resolve_references(self, (info.context or {}).get(CONFIG_DEFAULTS))
         return self
 
     # Convenience lookups (pure functions of the document).
@@ -266,7 +278,28 @@ class Registration(Strict):
         return {o.id: i.id for i in self.items for o in i.oracles}
 
     def rung_config(self, rung_id: str) -> dict[str, Any]:
+        """What the document sets for a rung: protocol.config merged with the rung's own."""
         return {**self.protocol.config, **self.rung(rung_id).config}
+
+    def effective_config(self, rung_id: str) -> RunConfig:
+        """The rung's run config with every key set: its own keys over the defaults table it resolved with."""
+        return self._effective[rung_id]
+
+    @property
+    def gate_config(self) -> RunConfig | None:
+        """The oracle gate's run config (protocol.config alone); None for a document without items."""
+        return self._gate_config
+
+    @property
+    def config_defaults(self) -> dict[str, Any]:
+        """The defaults table the run configs resolved with, as plain data (what a freeze records)."""
+        return json.loads(json.dumps(self._config_defaults))
+
+    def effective_configs(self) -> dict[str, Any]:
+        """Every effective config as plain data: what a freeze and an amendment record."""
+        gate = None if self._gate_config is None else self._gate_config.model_dump(mode="json")
+        rungs = {rung_id: config.model_dump(mode="json") for rung_id, config in self._effective.items()}
+        return {"oracle_gate": gate, "rungs": rungs}
 
 
 def _duplicates(values: list[str]) -> list[str]:
@@ -280,22 +313,98 @@ def _check_unique(where: str, kind: str, ids: list[str]) -> None:
         raise ValueError(f"{where}: duplicate {kind} id(s) {duplicated}: every {kind} id must be unique")
 
 
-def _check_config(where: str, config: dict[str, Any], workload: WorkloadDeclaration) -> None:
-    for key, value in config.items():
-        if key not in workload.config_keys:
-            raise ValueError(
-                f"{where}: unknown config key {key!r}; {workload.name} takes {sorted(workload.config_keys)}"
-            )
-        expected = workload.config_keys[key].type
-        ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise ValueError(f"{where}: config {key} = {value!r} must be {getattr(expected, '__name__', expected)}")
-        allowed = workload.config_keys[key].allowed
-        if allowed and value not in allowed:
-            # refused here, not after a model load on a lent GPU
-            raise ValueError(f"{where}: config {key} = {value!r}; allowed: {list(allowed)}")
+def _key_origins(reg: Registration, rung: Rung | None) -> dict[str, str]:
+    """config key -> the field that sets it for this rung (the oracle gate's config when `rung` is None)."""
+    origins = {key: "protocol.config" for key in reg.protocol.config}
+    if rung is not None:
+        origins.update({key: f"protocol.rungs.{rung.id}.config" for key in rung.config})
+    return origins
+
+
+def _config_path(reg: Registration, rung: Rung | None, key: str) -> str:
+    """Where a key is set for this rung; a key it does not set is named where it would be set for every rung."""
+    return f"{_key_origins(reg, rung).get(key, 'protocol.config')}.{key}"
+
+
+def _resolve_config(reg: Registration, workload: WorkloadDeclaration, rung: Rung | None, defaults: dict[str, Any]):
+    raw = reg.protocol.config if rung is None else reg.rung_config(rung.id)
+    try:
+        return workload.run_config.resolve(raw, workload.profiles[reg.profile], defaults)
+    except ConfigError as error:
+        shared = rung is not None and rung.config and error.key not in rung.config
+        where = f" (in rung {rung.id}, with its own config)" if shared else ""
+        raise ValueError(f"{_config_path(reg, rung, error.key)}: {error.message}{where}") from None
+
+
+def _in_baseline_because(workload: WorkloadDeclaration, switch: str, raw: dict[str, Any]) -> str:
+    """Why a switch is in a rung's baseline: the document put it there, or a verdict landed it into the defaults."""
+    if workload.run_config.model.BASELINE_KEY in raw:
+        return f"this document's {workload.run_config.model.BASELINE_KEY} puts it there"
+    return f"landed by {workload.run_config.landed[switch]}"
+
+
+def resolve_run_configs(reg: Registration, workload: WorkloadDeclaration, defaults: dict[str, Any] | None) -> None:
+    """Every rung's effective config (and the oracle gate's): typed, every key set, each cross-key rule held. An
+    item whose switch the baseline already runs is refused: the rung would compare the baseline with itself."""
+    table = dict(workload.run_config.defaults(workload.profiles[reg.profile]) if defaults is None else defaults)
+    reg._config_defaults = table
+    if reg.items:
+        gate = _resolve_config(reg, workload, None, table)
+        for item in reg.items:
+            if item.switch in gate.baseline():
+                raise ValueError(
+                    f"items.{item.id}.switch: {item.switch!r} is already in the baseline; "
+                    f"{_in_baseline_because(workload, item.switch, reg.protocol.config)}. Its oracles would compare "
+                    f"the baseline with itself: remove item {item.id}, or set baseline_switches without it"
+                )
+        reg._gate_config = gate
+    for rung in reg.protocol.rungs:
+        config = _resolve_config(reg, workload, rung, table)
+        for item_id in rung.items:
+            switch = reg.item(item_id).switch
+            if switch in config.baseline():
+                because = _in_baseline_because(workload, switch, reg.rung_config(rung.id))
+                raise ValueError(
+                    f"protocol.rungs.{rung.id}.items: {item_id} switches {switch!r}, which is already in the "
+                    f"baseline; {because}. Remove {item_id} from the rung (every rung runs it), or set "
+                    f"baseline_switches without it"
+                )
+        reg._effective[rung.id] = config
+
+
+@dataclass(frozen=True)
+class RetiredUse:
+    path: str  # the field that uses it
+    option: RetiredOption
+
+    def note(self) -> str:
+        return (
+            f"{self.path}: uses retired option {self.option.label}, retired by {self.option.retired_by}; "
+            f"a new freeze would be refused"
+        )
+
+    def refusal(self) -> str:
+        return f"{self.path}: {self.option.label} is retired, retired by {self.option.retired_by}"
+
+
+RETIRED_FIX = (
+    "remove it: a retired option's code has left the workload (a document frozen with it keeps it, and re-running "
+    "one means checking out the commit its freeze records)"
+)
+
+
+def retired_uses(reg: Registration) -> list[RetiredUse]:
+    """Every use of a retired option in the document, by the field that makes it."""
+    run_config = get_workload(reg.workload).run_config
+    switches = {r.name: r for r in run_config.retired if r.kind == "switch"}
+    uses = [RetiredUse(f"items.{i.id}.switch", switches[i.switch]) for i in reg.items if i.switch in switches]
+    configs = [(None, reg.gate_config)] if reg.gate_config is not None else []
+    configs += [(rung, reg.effective_config(rung.id)) for rung in reg.protocol.rungs]
+    for rung, config in configs:
+        for option in run_config.retired_in(config):
+            key = option.name if option.kind != "switch" else run_config.model.BASELINE_KEY
+            uses.append(RetiredUse(_config_path(reg, rung, key), option))
+    return list(dict.fromkeys(uses))
 
 
 def _compile(where: str, text: str, scope: Scope):
@@ -317,8 +426,9 @@ def scope_names(reg: Registration, workload: WorkloadDeclaration) -> dict[str, f
     )
 
 
-def resolve_references(reg: Registration) -> None:
-    """Resolve every name the document uses; raise ValueError naming the field path and the allowed names."""
+def resolve_references(reg: Registration, config_defaults: dict[str, Any] | None = None) -> None:
+    """Resolve every name the document uses; raise ValueError naming the field path and the allowed names.
+    The run configs resolve with `config_defaults` (a frozen document's table), else the workload's current ones."""
     try:
         workload = get_workload(reg.workload)
     except ValueError as error:
@@ -370,13 +480,12 @@ def resolve_references(reg: Registration) -> None:
                         f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes {sorted(probe.observes)}"
                     )
 
-    _check_config("protocol.config", reg.protocol.config, workload)
     for rung in reg.protocol.rungs:
-        _check_config(f"protocol.rungs.{rung.id}.config", rung.config, workload)
         for item_id in rung.items:
             if item_id not in item_ids:
                 raise ValueError(f"protocol.rungs.{rung.id}.items: {item_id!r} is not an item; items are {item_ids}")
         _check_unique(f"protocol.rungs.{rung.id}.items", "item", rung.items)
+    resolve_run_configs(reg, workload, config_defaults)
 
     names = scope_names(reg, workload)
     metrics = names["metrics"]

@@ -24,7 +24,7 @@ from prereg.canonical import decode_nonfinite
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
 from prereg.registry import get_workload
-from prereg.schema import Registration
+from prereg.schema import CONFIG_DEFAULTS, Registration
 
 RUN_KINDS = ("run-start", "run-end", "interrupted", "kill", "gate", "ceiling")
 
@@ -108,6 +108,7 @@ class RegistrationState:
     gates: list[dict[str, Any]] = field(default_factory=list)  # oracle-gate processes: their device time
     ceilings: list[dict[str, Any]] = field(default_factory=list)  # what the engine did at the cost ceiling
     adoptions: list[Adoption] = field(default_factory=list)
+    config_defaults: dict[str, Any] = field(default_factory=dict)  # the table its run configs resolve with
 
     def adopted_against_verdict(self) -> bool:
         return any(a.against_verdict for a in self.adoptions)
@@ -117,14 +118,16 @@ class RegistrationState:
         return self.versions[-1].document
 
     def registration(self) -> Registration:
-        return Registration.model_validate(self.document)
+        return self.registration_at(self.version)
 
     @property
     def version(self) -> int:
         return self.versions[-1].number
 
     def registration_at(self, number: int) -> Registration:
-        return Registration.model_validate(self.versions[number].document)
+        """Document version `number`, its run configs resolved with the frozen defaults (every version alike)."""
+        context = {CONFIG_DEFAULTS: self.config_defaults}
+        return Registration.model_validate(self.versions[number].document, context=context)
 
     def post_hoc_paths(self) -> list[str]:
         return [f"amendment {v.number}: {p}" for v in self.versions for p in v.post_hoc]
@@ -160,8 +163,24 @@ class RegistrationState:
         return frozenset(r.rung for r in self.runs if r.status != "interrupted")
 
 
+def config_defaults_of(freeze: dict[str, Any]) -> dict[str, Any]:
+    """The defaults table a frozen registration resolves with, from its freeze entry's data: the one the freeze
+    recorded, or for a freeze that recorded none, its workload's defaults from before freezes recorded them."""
+    recorded = freeze.get("config_defaults")
+    if recorded is not None:
+        return recorded
+    return dict(get_workload(freeze["document"]["workload"]).run_config.unrecorded_defaults)
+
+
+def frozen_config_defaults(ledger: Ledger, reg_id: str) -> dict[str, Any] | None:
+    """The defaults table of `reg_id` as frozen in this ledger; None when it is not frozen here."""
+    frozen = next(ledger.entries(reg_id=reg_id, kinds=("freeze",)), None)
+    return None if frozen is None else config_defaults_of(frozen.data)
+
+
 def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> RegistrationState:
     versions: list[Version] = []
+    config_defaults: dict[str, Any] = {}
     oracles: dict[str, OracleResult] = {}
     runs: dict[str, RungRun] = {}
     kills: list[dict[str, Any]] = []
@@ -174,6 +193,8 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
     for entry in ledger.entries(reg_id=reg_id, kinds=kinds):
         data = entry.data
         counts[entry.kind] = counts.get(entry.kind, 0) + 1
+        if entry.kind == "freeze":
+            config_defaults = config_defaults_of(data)
         if entry.kind in ("freeze", "amend"):
             versions.append(
                 Version(
@@ -288,6 +309,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
         gates,
         ceilings,
         adoptions,
+        config_defaults,
     )
 
 

@@ -8,14 +8,20 @@ token, rows of <im_patch> each closed by <im_col>, an end token. Works for any g
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from engine.molmo2.declaration import PROFILES
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch, PrefixInputs, SuffixInputs
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
+from engine.molmo2.run_config import Molmo2RunConfig, resolve
+from engine.molmo2.runner import Molmo2Runner
 from engine.molmo2.switches import BASELINE, Switches
+from engine.molmo2.train.step import TrainConfig
 
 PAD_ID = 1  # any base-vocabulary id: padding is masked, never read
 STATE_SLOT_ID = 7  # the token whose embedding receives the projected robot state
@@ -171,3 +177,17 @@ def prefix_kwargs(prefix: PrefixInputs) -> dict[str, torch.Tensor]:
         "state": prefix.state,
         "state_positions": prefix.state_positions,
     }
+
+
+def run_config(profile: str = "cpu-tiny", **raw: Any) -> Molmo2RunConfig:
+    """The effective config of `raw` on a profile under its current defaults (the CPU's: padded chunks, eager)."""
+    return resolve(PROFILES[profile], raw)
+
+
+def make_runner(profile: str = "cpu-tiny", seed: int = 0, **raw: Any) -> Molmo2Runner:
+    return Molmo2Runner(PROFILES[profile], run_config(profile, **raw), seed=seed)
+
+
+def train_config(**fields: Any) -> TrainConfig:
+    """The step's settings of cpu-tiny's default run config, with `fields` replaced."""
+    return dataclasses.replace(TrainConfig.of(run_config()), **fields)

@@ -18,10 +18,11 @@ from conftest import prereg_process
 
 from engine.ladder import FORWARDED_SIGNALS, rung_command
 from engine.molmo2.declaration import PROFILES
+from engine.molmo2.run_config import resolve
 from engine.molmo2.train.distributed import grad_sync_mode
 from prereg.ledger import Ledger
 from prereg.state import load_state
-from prereg.workload import Profile
+from prereg.workload import ConfigError, Profile
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("engine")  # each rung is three processes: keep them on one worker
@@ -197,14 +198,20 @@ def test_profile_processes_are_validated():
 
 
 def test_gradient_sync_modes_and_their_refusals():
-    assert grad_sync_mode({"ddp": True, "zero1": True}, 1) == "none"  # one process (the oracle gate): nothing to sync
-    assert grad_sync_mode({"ddp": True}, 2) == "ddp"
-    assert grad_sync_mode({"chunk_grad_allreduce": True}, 2) == "ddp+allreduce"
-    assert grad_sync_mode({"chunk_grad_allreduce": True, "ddp_wrapper": True}, 2) == "ddp+allreduce"
-    assert grad_sync_mode({"ddp": True, "chunk_grad_allreduce": True, "ddp_wrapper": False}, 4) == "allreduce"
-    with pytest.raises(ValueError, match="needs a gradient sync"):
-        grad_sync_mode({}, 2)  # the ranks would train apart
-    with pytest.raises(ValueError, match="only with chunk_grad_allreduce"):
-        grad_sync_mode({"ddp": True, "ddp_wrapper": False}, 2)
-    with pytest.raises(ValueError, match="true or false"):
-        grad_sync_mode({"ddp": "yes"}, 2)
+    two = PROFILES["cpu-tiny-x2"]
+
+    def mode(world_size: int, **raw) -> str:
+        return grad_sync_mode(resolve(two, raw), world_size)
+
+    assert mode(1, zero1=True) == "none"  # the oracle gate of a two-process profile is one process: nothing to sync
+    assert mode(2) == mode(2, ddp=True) == "ddp"  # several processes sync through DDP unless the config says else
+    assert mode(2, chunk_grad_allreduce=True) == "ddp+allreduce"
+    assert mode(2, ddp=False, chunk_grad_allreduce=True, ddp_wrapper=True) == "ddp+allreduce"
+    assert mode(2, chunk_grad_allreduce=True, ddp_wrapper=False) == "allreduce"
+    # The refusals belong to the run config, at check and freeze (tests/test_run_config.py has one per rule).
+    with pytest.raises(ConfigError, match="need a gradient sync"):
+        resolve(two, {"ddp": False})  # the ranks would train apart
+    with pytest.raises(ConfigError, match="only with chunk_grad_allreduce"):
+        resolve(two, {"ddp_wrapper": False})
+    with pytest.raises(ConfigError, match="valid boolean"):
+        resolve(two, {"ddp": "yes"})

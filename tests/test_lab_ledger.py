@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REGISTRATIONS, REPO
 
-from prereg.documents import document_hash, load_registration
+from prereg.actions import load_against
+from prereg.documents import document_hash
 from prereg.ledger import Ledger
 from prereg.state import load_state
 
@@ -33,7 +34,7 @@ def test_the_lab_ledger_verifies(lab: Ledger) -> None:
 
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
 def test_every_bundled_registration_is_frozen_at_its_files_document(lab: Ledger, path: Path) -> None:
-    reg, _ = load_registration(path)
+    reg, _ = load_against(lab, path)  # as frozen: its run configs resolve with the defaults it was frozen with
     assert reg.id in set(lab.reg_ids()), f"{path.name} is not frozen in ledger.db: run `prereg freeze {path}`"
     frozen = load_state(lab, reg.id, with_windows=False).versions[0]
     assert frozen.doc_hash == document_hash(reg), f"{path.name} no longer holds the document frozen as {reg.id}"

@@ -95,7 +95,7 @@ def params_equal(a: Trainer, b: Trainer) -> bool:
 
 # ---- (a) ZeRO-1 ----
 
-ZERO_CONFIG = TrainConfig(batch=1, backward_chunks=1, lr=1e-3, backbone_lr=2e-4, warmup=3)
+ZERO_CONFIG = TrainConfig(batch=1, backward_chunks=1, lr=1e-3, backbone_lr=2e-4, grad_clip=100.0, warmup=3)
 ZERO_STEPS, ZERO_SAVE_AFTER = 5, 3
 
 
@@ -227,7 +227,7 @@ def sync_worker(ranks: Ranks, out: Path) -> dict:
         prepare_step([chunk(s) for s in samples[k * global_batch :][:global_batch]], CPU) for k in range(SYNC_STEPS)
     ]
 
-    config = dict(lr=1e-3, backbone_lr=2e-4)
+    config = dict(lr=1e-3, backbone_lr=2e-4, grad_clip=100.0, warmup=0)
     reference = Trainer(
         tiny_model(100).double(), TrainConfig(batch=global_batch, backward_chunks=global_batch, **config), CPU
     )

@@ -10,14 +10,13 @@ from collections import Counter
 
 import pytest
 import torch
-from molmo2_fixtures import Row, make_batch, tiny_config, tiny_model
+from molmo2_fixtures import Row, make_batch, make_runner, run_config, tiny_config, tiny_model
 
 from engine.molmo2.attention.execution import Execution
-from engine.molmo2.declaration import PROFILES
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums
 from engine.molmo2.model.batch import ARBatch
 from engine.molmo2.model.model import prefix_attention_mask, prefix_block_mask
-from engine.molmo2.runner import COMPILED_PAD_MULTIPLE, RETIRED_CONFIG, Molmo2Runner
+from engine.molmo2.runner import COMPILED_PAD_MULTIPLE
 from engine.molmo2.switches import BASELINE
 
 ROWS = [Row(images=2, text=5, aux=2, fast=3, two_crops=True), Row(images=1, text=3, aux=1, fast=2),
@@ -96,8 +95,7 @@ def test_compiled_blocks_train_like_eager(batch):
 
 
 def _step_gradient(backward_chunks: int, step_index: int):
-    config = {"batch": 6, "backward_chunks": backward_chunks, "bucket_by_length": True}
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], config, seed=0)
+    runner = make_runner(batch=6, backward_chunks=backward_chunks, bucket_by_length=True)
     runner.load()
     runner.model.double()
     step = runner.pool[step_index]
@@ -113,7 +111,7 @@ def _step_gradient(backward_chunks: int, step_index: int):
 def test_bucketed_chunking_keeps_the_step_gradient():
     """Chunks split where the camera counts meet, so chunk sizes vary: the step's gradient is the same however the
     step is cut (fp64, to 1e-12)."""
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, "backward_chunks": 1, "bucket_by_length": True}, seed=0)
+    runner = make_runner(batch=6, backward_chunks=1, bucket_by_length=True)
     runner.load_data()
     index = next(i for i, s in enumerate(runner.pool) if len(s.chunks) > 1)  # where the counts meet: 1 + 5
     sizes_one, one = _step_gradient(1, index)
@@ -130,39 +128,16 @@ def test_compiled_model_keeps_the_checkpoint_layout():
     assert set(model.state_dict()) == keys  # the compiled wrappers are not submodules
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("prefix_attention", "dense"), ("compile", "yes"), ("pack_attention", "rows"), ("pack_one_pass", 1)],
-)
-def test_execution_refuses_unknown_values(field, value):
-    with pytest.raises(ValueError, match=field):
-        Execution(**{field: value})
-
-
-@pytest.mark.parametrize("key", sorted(RETIRED_CONFIG))
-def test_retired_options_are_refused_and_their_baseline_values_are_not(key):
-    """A retired option's code has left the workload: a config that asks for it is refused by name, never run on
-    another path. The value each retired key had at the baseline still runs."""
-    retired = {"suffix_attention": "flex", "pack_attention": "rows", "compile_dynamic": True, "pack_multiple": 16}
-    with pytest.raises(ValueError, match=f"{key} = .* is retired"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"pack": True, key: retired[key]}, seed=0)
-    baseline = {"suffix_attention": "sdpa", "pack_attention": "packed", "compile_dynamic": False}
-    if key in baseline:
-        Molmo2Runner(PROFILES["cpu-tiny"], {"pack": True, key: baseline[key]}, seed=0)
-
-
 MORE_ROWS = ROWS + [Row(images=1, text=9, aux=2, fast=2), Row(images=2, text=4, aux=1, fast=3)]
 
 
 def test_flex_is_refused_on_a_cpu_profile():
     with pytest.raises(ValueError, match="prefix_attention = 'flex' needs CUDA"):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"prefix_attention": "flex"}, seed=0)
+        run_config(prefix_attention="flex")
 
 
 def _pool(**config):
-    runner = Molmo2Runner(
-        PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 2, "camera_counts": [1, 2], **config}, seed=0
-    )
+    runner = make_runner(batch=4, backward_chunks=2, camera_counts=[1, 2], **config)
     runner.load_data()
     return runner.pool
 
@@ -193,7 +168,7 @@ def test_chunking_by_cameras_keeps_the_baselines_steps_and_cuts_only_their_chunk
 
 
 def _step_losses(steps: int, **config) -> list[float]:
-    runner = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, **config}, seed=0)
+    runner = make_runner(batch=6, **config)
     runner.load()
     return [float(runner.trainer.step(runner.pool[k % len(runner.pool)])[0]) for k in range(steps)]
 

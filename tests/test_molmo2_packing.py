@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from molmo2_fixtures import make_batch, tiny_config
+from molmo2_fixtures import make_batch, run_config, tiny_config
 from test_molmo2_execution import (
     FORWARD_ATOL,
     GRAD_RTOL,
@@ -31,10 +31,9 @@ from engine.molmo2.attention.packing import (
     packed_suffix_mask,
 )
 from engine.molmo2.attention.segments import segments_mask
-from engine.molmo2.declaration import PROFILES
 from engine.molmo2.model.batch import IGNORE_INDEX
 from engine.molmo2.model.model import positions_from_mask
-from engine.molmo2.runner import Molmo2Runner
+from prereg.workload import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +76,7 @@ HOW = {
     "one-pass-varlen": {"pack_one_pass": True, "pack_attention": "varlen"},
     "one-pass-varlen-cudnn": {"pack_one_pass": True, "pack_attention": "varlen-cudnn"},
 }  # how a packed chunk is computed
+RUNNABLE = [how for how, keys in HOW.items() if keys["pack_attention"] != "rows"]  # the runner refuses retired rows
 
 
 @pytest.mark.parametrize("how", list(HOW))
@@ -206,8 +206,9 @@ def test_packed_steps_train_like_the_baselines_six_chunks(how):
 )
 def test_pack_options_are_refused_without_pack_or_out_of_range(config):
     key = next(k for k in config if k != "pack")
-    with pytest.raises(ValueError, match=key):
-        Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 6, **config}, seed=0)
+    with pytest.raises(ConfigError, match=key) as refused:
+        run_config(batch=6, **config)
+    assert refused.value.key == key
 
 
 @pytest.mark.gpu

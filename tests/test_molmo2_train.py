@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from molmo2_fixtures import make_runner, train_config
 
-from engine.molmo2.declaration import PROFILES
 from engine.molmo2.runner import Molmo2Runner
 from engine.molmo2.switches import BASELINE
-from engine.molmo2.train.step import TrainConfig, Trainer, prepare_step
+from engine.molmo2.train.step import Trainer, prepare_step
 from oracles.judge import judge
 
 
 def runner(**config) -> Molmo2Runner:
-    r = Molmo2Runner(PROFILES["cpu-tiny"], {"batch": 4, "backward_chunks": 1, **config}, seed=0)
+    r = make_runner(**{"batch": 4, "backward_chunks": 1, **config})
     r.load()
     return r
 
@@ -47,7 +47,7 @@ def test_chunked_gradient_equals_unchunked_in_fp64(tiny):
                 )
                 for b in batches
             ]
-            trainer = Trainer(model, TrainConfig(batch=4, backward_chunks=chunks), tiny.device)
+            trainer = Trainer(model, train_config(batch=4, backward_chunks=chunks), tiny.device)
             trainer.accumulate_gradients(prepare_step(batches, tiny.device))
             grads[chunks] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         assert grads[1].keys() == grads[2].keys() == grads[4].keys()
@@ -166,7 +166,7 @@ def _two_steps(tiny, switches, grad_clip: float, factory=_fused):
     model = Molmo2Model(tiny.config, Switches.from_names(switches))
     model.load_state_dict(tiny.model.state_dict())
     trainer = Trainer(
-        model, TrainConfig(batch=4, backward_chunks=1, grad_clip=grad_clip), tiny.device, optimizer_factory=factory
+        model, train_config(batch=4, backward_chunks=1, grad_clip=grad_clip), tiny.device, optimizer_factory=factory
     )
     norms = [trainer.step(step)[1] for step in tiny.steps_for(2)]
     assert not hasattr(trainer.optimizer, "grad_scale")  # one step's only

@@ -15,7 +15,7 @@ from pathlib import Path
 from conftest import REPO
 
 VERBS = [
-    ["check", "registrations/molmo2-perf-pass1-tiny.toml"],
+    ["check", "registrations/molmo2-perf-pass1-tiny.toml", "--ledger", "{copy}"],
     ["freeze", "registrations/molmo2-perf-pass1-tiny.toml", "--ledger", "{fresh}"],
     ["amend", "molmo2-perf-pass1-tiny", "{amendment}", "--ledger", "{fresh}"],
     ["verdict", "molmo2-fast-h200", "--ledger", "{copy}"],

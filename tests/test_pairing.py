@@ -4,13 +4,12 @@ refuse it with exit 2, naming the file, the field and the key, and write nothing
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import MINI, REGISTRATIONS, UNPAIRED_BEFORE_THE_RULE, Cli, ledger_fingerprint, write
+from conftest import MINI, REGISTRATIONS, UNPAIRED_BEFORE_THE_RULE, Cli, lab_ledger_copy, ledger_fingerprint, write
 
-from prereg.documents import load_registration
+from prereg.actions import load_against
 from prereg.ledger import Ledger
 from prereg.pairing import unpaired_comparisons
 
@@ -100,12 +99,12 @@ def test_an_amendment_that_introduces_the_comparison_is_refused(cli: Cli, frozen
 
 
 def test_the_bundled_registrations_pair_their_comparisons_but_the_one_that_taught_the_rule(tmp_path: Path) -> None:
-    unpaired = {path.stem for path in REGISTRATIONS.glob("*.toml") if unpaired_comparisons(load_registration(path)[0])}
-    assert unpaired == UNPAIRED_BEFORE_THE_RULE
-    copy = tmp_path / "ledger.db"
-    shutil.copyfile(REGISTRATIONS.parent / "ledger.db", copy)  # a copy: tests never open the lab's ledger itself
-    ledger = Ledger.open(str(copy), create=False)
+    ledger = Ledger.open(str(lab_ledger_copy(tmp_path / "ledger.db")), create=False)
     try:
+        # Each as the lab froze it: its run configs under the defaults it was frozen with.
+        registrations = [load_against(ledger, path)[0] for path in REGISTRATIONS.glob("*.toml")]
+        unpaired = {reg.id for reg in registrations if unpaired_comparisons(reg)}
+        assert unpaired == UNPAIRED_BEFORE_THE_RULE
         assert UNPAIRED_BEFORE_THE_RULE <= set(
             ledger.reg_ids()
         )  # frozen before the rule: a frozen registration never changes

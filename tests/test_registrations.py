@@ -20,10 +20,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import UNPAIRED_BEFORE_THE_RULE
+from conftest import NEW_FREEZE_REFUSED, UNPAIRED_BEFORE_THE_RULE, lab_ledger_copy
 
 from prereg import actions
-from prereg.documents import load_registration
 from prereg.errors import InvalidInput
 from prereg.ledger import Ledger
 
@@ -75,9 +74,16 @@ def test_the_directory_holds_registrations():
     assert REGISTRATION_FILES, f"no registrations found in {REGISTRATIONS}"
 
 
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Ledger:
+    ledger = Ledger.open(str(lab_ledger_copy(tmp_path_factory.mktemp("lab") / "ledger.db")), create=False)
+    yield ledger
+    ledger.close()
+
+
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
-def test_registration_validates_and_says_where_it_comes_from(path: Path):
-    reg, _ = load_registration(path)
+def test_registration_validates_and_says_where_it_comes_from(path: Path, lab: Ledger):
+    reg, _ = actions.load_against(lab, path)  # as the lab froze it: under the defaults it was frozen with
     assert reg.id == path.stem, (
         f"{path.name} holds registration {reg.id!r}; a registration's file is named after its id"
     )
@@ -89,13 +95,13 @@ def test_registration_validates_and_says_where_it_comes_from(path: Path):
 
 
 @pytest.mark.parametrize("directory", HISTORY_DIRS, ids=lambda p: p.name)
-def test_history_directory_belongs_to_a_registration_and_holds_only_step_files(directory: Path):
+def test_history_directory_belongs_to_a_registration_and_holds_only_step_files(directory: Path, lab: Ledger):
     assert (REGISTRATIONS / f"{directory.name}.toml").is_file(), (
         f"{directory.name}/ has no registration {directory.name}.toml"
     )
     steps = replay_order(directory)
     assert steps, f"{directory.name}/ is empty"
-    registration, _ = load_registration(REGISTRATIONS / f"{directory.name}.toml")
+    registration, _ = actions.load_against(lab, REGISTRATIONS / f"{directory.name}.toml")
     registration_seed = seed_of_source(registration.source)
     for path in steps:
         if registration_seed is None:
@@ -104,6 +110,30 @@ def test_history_directory_belongs_to_a_registration_and_holds_only_step_files(d
             assert seed_of_header(path) == registration_seed, (
                 f"{directory.name}/{path.name} names a different seed than its registration"
             )
+
+
+def without_retired_keys(path: Path, directory: Path) -> Path:
+    """The registration as a new freeze writes it: without `fps` (retired: read by nothing, so the same meaning)."""
+    text = path.read_text(encoding="utf-8")
+    assert text.count(" fps = 30,") == 1, "the retired key this helper removes"
+    variant = directory / path.name
+    variant.write_text(text.replace(" fps = 30,", ""), encoding="utf-8")
+    return variant
+
+
+def test_the_bundled_registrations_a_new_freeze_refuses_are_the_ones_listed(tmp_path: Path):
+    refused = set()
+    with Ledger.open(str(tmp_path / "ledger.db"), create=True) as ledger:
+        for path in REGISTRATION_FILES:
+            if path.stem in UNPAIRED_BEFORE_THE_RULE:
+                continue
+            try:
+                actions.check(ledger, path)
+            except InvalidInput as error:
+                assert "retired by" in error.message or "already in the baseline; landed by" in error.message, error
+                refused.add(path.stem)
+        assert ledger.head()[0] == 0
+    assert refused == NEW_FREEZE_REFUSED
 
 
 @pytest.mark.parametrize("path", REGISTRATION_FILES, ids=lambda p: p.stem)
@@ -116,6 +146,13 @@ def test_bundled_history_replays_without_post_hoc(path: Path, tmp_path: Path):
                 actions.freeze(ledger, path)
             assert ledger.head()[0] == 0 and not steps  # nothing written; no history to replay
             return
+        if path.stem in NEW_FREEZE_REFUSED:
+            with pytest.raises(InvalidInput, match="retired by|already in the baseline"):
+                actions.freeze(ledger, path)
+            assert ledger.head()[0] == 0  # nothing written
+            if not steps:
+                return
+            path = without_retired_keys(path, tmp_path)  # the history replays on the document a new freeze takes
         frozen = actions.freeze(ledger, path)
         assert not frozen.already
         for step in steps:

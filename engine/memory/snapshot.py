@@ -47,14 +47,6 @@ def rank_from_env() -> int:
     return int(value)
 
 
-def requested(config: dict[str, Any]) -> bool:
-    """Whether a rung config turns the instrument on; anything but a bool is refused."""
-    value = config.get(CONFIG_KEY, False)
-    if not isinstance(value, bool):
-        raise ValueError(f"{CONFIG_KEY} = {value!r} must be true or false")
-    return value
-
-
 def _storage_addresses(tensors: Iterable[torch.Tensor], device: torch.device) -> list[int]:
     addresses = []
     for t in tensors:
@@ -103,11 +95,9 @@ class MemoryInstrument:
         self.dumped: set[str] = set()
 
     @classmethod
-    def from_config(
-        cls, config: dict[str, Any], device: torch.device, directory: str | Path
-    ) -> "MemoryInstrument | None":
-        """The instrument a rung config asks for (None when memory_snapshot is false or absent)."""
-        return cls(device, directory) if requested(config) else None
+    def from_config(cls, requested: bool, device: torch.device, directory: str | Path) -> "MemoryInstrument | None":
+        """The instrument a rung's run config asks for with `memory_snapshot` (None when it is false)."""
+        return cls(device, directory) if requested else None
 
     def start(self) -> "MemoryInstrument":
         # context="all" keeps the stack of every alloc AND free; stacks="all" adds the C++ frames, without which

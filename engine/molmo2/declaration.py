@@ -3,8 +3,8 @@ workload declares"). Extend these lists; never rename an entry — frozen regist
 
 from __future__ import annotations
 
-from engine.molmo2.attention.execution import ATTENTION_KERNELS, PACK_ATTENTION
-from prereg.workload import ConfigKey, Metric, Probe, Profile, WorkloadDeclaration
+from engine.molmo2.run_config import RUN_CONFIG
+from prereg.workload import Metric, Probe, Profile, WorkloadDeclaration
 
 SWITCHES = {
     "suffix_cudnn": "P1: suffix SDPA with cuDNN prepended to the backend list, training mode only",
@@ -152,83 +152,13 @@ PROFILES = {
     "h100-4b": Profile("h100-4b", "cuda", 1, "4b", "one H100, the seeds' local bench GPU (external)"),
 }
 
-CONFIG_KEYS = {
-    k.name: k
-    for k in [
-        ConfigKey("batch", int, "samples per optimizer step (per rank)"),
-        ConfigKey("backward_chunks", int, "gradient-accumulation chunks per step; batch must divide evenly"),
-        ConfigKey("camera_counts", list, "camera counts the sampler draws from, e.g. [1, 2]"),
-        ConfigKey("max_crops", int, "high-resolution crops per image"),
-        ConfigKey("lr", float, "decoder learning rate"),
-        # Seed 003's recipe sets two learning rates: --decoder-lr 1e-4 (`lr`) and --backbone-text-lr 2e-5.
-        ConfigKey("backbone_text_lr", float, "learning rate of the trunk's text decoder blocks"),
-        ConfigKey("grad_clip", float, "gradient-norm clip"),
-        ConfigKey("warmup", int, "learning-rate warm-up steps"),
-        ConfigKey("truncate_layers", int, "mount only the first N decoder layers"),
-        ConfigKey("zero1", bool, "ZeRO-1 optimizer sharding (multi-GPU)"),
-        ConfigKey("ddp", bool, "wrap in DistributedDataParallel (multi-GPU)"),
-        ConfigKey("chunk_grad_allreduce", bool, "explicit in-place gradient allreduce once per step"),
-        ConfigKey("ddp_wrapper", bool, "whether chunk_grad_allreduce keeps the DDP wrapper"),
-        ConfigKey("memory_snapshot", bool, "record allocation history and dump a snapshot at OOM"),
-        ConfigKey("compile", bool, "torch.compile the decoder layers (and the frozen vision tower)"),
-        ConfigKey(
-            "compile_dynamic", bool, "with compile: Dynamo's automatic dynamic shapes instead of one graph per shape"
-        ),
-        ConfigKey(
-            "bucket_by_length",
-            bool,
-            "length-bucketed batching: the pool's samples regrouped into steps by camera count (other steps than HEAD's)",
-            regroups_samples=True,
-        ),
-        ConfigKey(
-            "chunk_by_cameras",
-            bool,
-            "HEAD's steps, each cut into chunks where its camera counts meet (HEAD's step gradient, less padding)",
-        ),
-        ConfigKey(
-            "pack",
-            bool,
-            "training chunks packed: each chunk's samples end to end in one row, attention kept to each sample (no compute on padding)",
-        ),
-        ConfigKey(
-            "pack_attention",
-            str,
-            "with pack: where a packed chunk attends: 'packed' (the packed row, block masks per sample), 'rows' (one row per sample, gathered), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA)",
-            allowed=(*PACK_ATTENTION, "rows"),  # "rows" is retired; frozen documents still name it
-        ),
-        ConfigKey(
-            "pack_one_pass",
-            bool,
-            "with pack: the packed prefix and suffix rows joined through every block but the last (one matmul per weight a layer)",
-        ),
-        ConfigKey(
-            "pack_multiple",
-            int,
-            "with pack: each packed row's length rounded up to this multiple (default 16 compiled, 1 eager); 128 gives FlexAttention whole tiles",
-        ),
-        ConfigKey(
-            "prefix_attention",
-            str,
-            "the prefix attention's kernel: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
-            allowed=ATTENTION_KERNELS,
-        ),
-        ConfigKey(
-            "suffix_attention",
-            str,
-            "the suffix attention's kernel in training: 'sdpa' (HEAD, dense mask) or 'flex' (block mask)",
-            allowed=ATTENTION_KERNELS,
-        ),
-        ConfigKey("fps", int, "action frames per second"),
-    ]
-}
-
 DECLARATION = WorkloadDeclaration(
     name="molmo2",
     switches=SWITCHES,
     probes=PROBES,
     metrics=METRICS,
     profiles=PROFILES,
-    config_keys=CONFIG_KEYS,
+    run_config=RUN_CONFIG,
     runner="engine.molmo2.runner:Molmo2Runner",
     # The AR step's functional forward, its sum-form losses, and the step that casts the logits to fp32.
     activation_frames=frozenset({"ar_forward", "ar_loss_sums", "accumulate_gradients"}),

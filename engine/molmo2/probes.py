@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, ar_losses
-from engine.molmo2.switches import BASELINE, Switches
+from engine.molmo2.switches import Switches
 
 if TYPE_CHECKING:
     from engine.molmo2.runner import Molmo2Runner
@@ -60,8 +60,9 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
     return None
 
 
-def _switches(switch: str) -> Switches:
-    return Switches.from_names([switch])
+def _switches(runner: "Molmo2Runner", switch: str) -> Switches:
+    """The item's arm: the config's baseline switches and the item's."""
+    return runner.with_switches([switch])
 
 
 def _grad_digests(model: torch.nn.Module) -> dict[str, str]:
@@ -77,7 +78,7 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
     if why := switch_inert(runner, switch):
         return {"error": why}
     results = []
-    for switches in (BASELINE, _switches(switch)):
+    for switches in (runner.baseline, _switches(runner, switch)):
         trainer = runner.fresh(switches)
         loss, grad_norm = trainer.step(runner.probe_step)
         digests = _grad_digests(runner.model)
@@ -107,7 +108,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
         return {"error": why}
     steps = int(oracle.get("steps") or 20)
     curves = []
-    for switches in (BASELINE, _switches(switch)):
+    for switches in (runner.baseline, _switches(runner, switch)):
         trainer = runner.fresh(switches)
         curves.append([float(trainer.step(step)[0]) for step in runner.steps_for(steps)])
     a, b = curves
@@ -128,7 +129,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
 def decode_bytes(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """Greedy decode of a pinned small eval plan, bytes compared (P1 must not reach decode)."""
     outputs = []
-    for switches in (BASELINE, _switches(switch)):
+    for switches in (runner.baseline, _switches(runner, switch)):
         runner.fresh(switches)
         outputs.append(runner.decode_plan().cpu().numpy().astype("<i8").tobytes())
     a, b = outputs
@@ -157,15 +158,15 @@ def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
     equal, names = 0, []
     with torch.no_grad():
         for name, ids in batches.items():
-            runner.model.switches = BASELINE
+            runner.model.switches = runner.baseline
             a = runner.model.embed(ids)
-            runner.model.switches = _switches(switch)
+            runner.model.switches = _switches(runner, switch)
             b = runner.model.embed(ids)
             if torch.equal(a, b):
                 equal += 1
             else:
                 names.append(name)
-    runner.model.switches = BASELINE
+    runner.model.switches = runner.baseline
     return {"equal": equal, "total": len(batches), "first_mismatch": names[0] if names else None}
 
 
@@ -173,18 +174,18 @@ def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) 
     """Sum-form losses under the item vs the baseline's boolean-indexed sums, both over the same logits in fp64;
     and the mean-form losses, which no switch may touch, compared bitwise."""
     chunk = runner.probe_step.chunks[0]
-    runner.fresh(BASELINE)
+    runner.fresh(runner.baseline)
     with torch.no_grad():
         logits = ar_forward(runner.model, chunk).double()
-    reference = ar_loss_sums(logits, chunk.suffix, BASELINE)
-    item = ar_loss_sums(logits, chunk.suffix, _switches(switch))
+    reference = ar_loss_sums(logits, chunk.suffix, runner.baseline)
+    item = ar_loss_sums(logits, chunk.suffix, _switches(runner, switch))
     keys = ("loss_sum", "action_sum", "aux_sum")
     sum_rel = max(_rel(float(reference[k]), float(item[k])) for k in keys)
     sum_abs = max(abs(float(reference[k]) - float(item[k])) for k in keys)
     mean_head = ar_losses(logits.float(), chunk.suffix)
-    runner.model.switches = _switches(switch)
+    runner.model.switches = _switches(runner, switch)
     mean_item = ar_losses(logits.float(), chunk.suffix)
-    runner.model.switches = BASELINE
+    runner.model.switches = runner.baseline
     mean_keys = ("loss", "action_loss", "aux_loss")
     mismatched = [k for k in mean_keys if not torch.equal(mean_head[k], mean_item[k])]
     return {
@@ -199,7 +200,7 @@ def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) 
 
 def window_schema(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """A few logged windows under the item: both memory fields present, lifetime >= window, lifetime monotone."""
-    switches = _switches(switch)
+    switches = _switches(runner, switch)
     trainer = runner.fresh(switches)
     windows = [trainer.window(runner.steps_for(2), switches.windowed_vram_peak) for _ in range(3)]
     required = ("vram_peak_gib", "vram_window_peak_gib")
@@ -222,7 +223,7 @@ def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any])
 
     chunk = runner.probe_step.chunks[0]
     captured = []
-    for switches in (BASELINE, _switches(switch)):
+    for switches in (runner.baseline, _switches(runner, switch)):
         runner.fresh(switches)
         runner.model.train()
         with autocast(runner.device):
@@ -245,7 +246,7 @@ def fwd_bwd_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any])
 
 
 def memory_peak(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    trainer = runner.fresh(_switches(switch))
+    trainer = runner.fresh(_switches(runner, switch))
     window = trainer.window(runner.steps_for(3), False)
     return {"peak_gib": window["vram_peak_gib"]}
 

@@ -28,7 +28,8 @@ from engine.molmo2.data.rig import RigDataset
 from engine.molmo2.model.ar import ar_greedy_decode
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
-from engine.molmo2.switches import BASELINE, Switches
+from engine.molmo2.run_config import RUN_CONFIG, Molmo2RunConfig
+from engine.molmo2.switches import Switches
 from engine.molmo2.train.distributed import (
     OPTIMIZER_STATE,
     describe,
@@ -76,27 +77,22 @@ GEOMETRIES = {
 # and _pad16).
 COMPILED_PAD_MULTIPLE = (16, 16)
 
-# Run-config values whose ladders parked or dropped them: their code has left the workload (key -> the retired value,
-# or None where any value is). A document that sets them runs only at the commit its provenance records.
-RETIRED_CONFIG = {"suffix_attention": "flex", "pack_attention": "rows", "compile_dynamic": True, "pack_multiple": None}
-
-
-def train_config(config: dict[str, Any]) -> TrainConfig:
-    return TrainConfig(
-        batch=int(config.get("batch", 12)),
-        backward_chunks=int(config.get("backward_chunks", 1)),
-        lr=float(config.get("lr", 1e-4)),
-        backbone_lr=float(config.get("backbone_text_lr", 2e-5)),
-        grad_clip=float(config.get("grad_clip", 100.0)),
-        warmup=int(config.get("warmup", 0)),
-    )
-
 
 class Molmo2Runner:
-    def __init__(self, profile: Profile, config: dict[str, Any], seed: int):
+    def __init__(self, profile: Profile, config: Molmo2RunConfig, seed: int):
+        """`config`: the rung's effective config, resolved against `profile` (engine.molmo2.run_config)."""
         if profile.geometry not in GEOMETRIES:
             raise ValueError(
                 f"profile {profile.name}: geometry {profile.geometry!r} is not one of {sorted(GEOMETRIES)}"
+            )
+        assert isinstance(config, Molmo2RunConfig), "the runner takes the typed run config (run_config.resolve)"
+        retired = RUN_CONFIG.retired_in(config)
+        if retired:
+            # Validation keeps frozen documents that use them meaningful; their code has left the workload.
+            uses = "; ".join(f"{r.label}, retired by {r.retired_by}" for r in retired)
+            raise ValueError(
+                f"this config uses retired options ({uses}): their code has left the workload; re-run such a rung "
+                "from the commit its freeze records"
             )
         self.profile = profile
         self.run_config = config
@@ -104,51 +100,30 @@ class Molmo2Runner:
         self.geometry = GEOMETRIES[profile.geometry]
         self.device = torch.device("cuda" if profile.device == "cuda" else "cpu")
         self.devices = 1
-        self.train_config = train_config(config)
-        self.camera_counts = tuple(config.get("camera_counts", (1, 2)))
-        self.max_crops = int(config.get("max_crops", 1))
-        # bucket_by_length regroups the pool's samples into steps by camera count: cheaper steps, but other steps
-        # than HEAD's, so another optimisation trajectory (molmo2-fast-h200's expectation 3: loss 4.14 vs HEAD's
-        # 2.93 after 24 steps; seed 002: "paired arms must share the flag"). chunk_by_cameras keeps HEAD's steps
-        # and cuts only each step's chunks where the camera counts meet: the step's gradient is HEAD's.
-        self.bucket_by_length = bool(config.get("bucket_by_length", False))
-        self.chunk_by_cameras = self.bucket_by_length or bool(config.get("chunk_by_cameras", False))
-        # pack: each chunk's samples end to end in one row (packing.py): no compute on padding, so no reason to cut
-        # a step by camera count; HEAD's steps and HEAD's function.
-        self.pack = bool(config.get("pack", False))
-        for key, value in RETIRED_CONFIG.items():
-            if key in config and (value is None or config[key] == value):
-                raise ValueError(f"{key} = {config[key]!r} is retired: its code has left the workload; run a document "
-                                 f"that sets it at the commit its provenance records, or remove it")  # fmt: skip
-        self.execution = Execution(prefix_attention=config.get("prefix_attention", "sdpa"),
-                                   compile=config.get("compile", False),
-                                   pack_attention=config.get("pack_attention", "packed"),
-                                   pack_one_pass=config.get("pack_one_pass", False))  # fmt: skip
-        for key in ("pack_attention", "pack_one_pass"):
-            if key in config and not self.pack:
-                raise ValueError(
-                    f"{key} = {config[key]!r} needs pack = true: it says how a packed chunk is computed; "
-                    f"remove it or set pack = true"
-                )
-        if self.execution.pack_attention == "varlen-cudnn" and self.device.type == "cuda":
+        self.train_config = TrainConfig.of(config)
+        # bucket_by_length regroups the pool's samples into steps by camera count: cheaper steps, but other steps,
+        # so another optimisation trajectory (seed 002: "paired arms must share the flag"). chunk_by_cameras keeps
+        # the steps and cuts only each step's chunks where the camera counts meet: the step's gradient is the same.
+        self.chunk_by_cameras = config.bucket_by_length or config.chunk_by_cameras
+        self.execution = Execution.of(config)
+        if config.pack_attention == "varlen-cudnn" and self.device.type == "cuda":
             from engine.molmo2.attention.cudnn import cudnn_frontend
 
             cudnn_frontend()  # a missing package is a config error now, not a failure in the first step
-        if self.execution.prefix_attention == "flex" and self.device.type != "cuda":
-            raise ValueError(f"prefix_attention = 'flex' needs CUDA: FlexAttention has no backward on the CPU, and "
-                             f"profile {profile.name} runs on the CPU; allowed there: 'sdpa'")  # fmt: skip
         # A rung of several processes: this process's rank (engine.workload.join_ranks ran before), and how the
-        # ranks train (validated here, before any load; recorded on the run's end).
+        # ranks train (recorded on the run's end).
         self.ranks = Ranks.current()
         self.parallel = describe(config, self.ranks.world_size)
         # seed 003's BIJOU_MEM_SNAPSHOT as run config: allocation history from load, a snapshot after the first
-        # window and at an out-of-memory (refused on a CPU profile, by the instrument)
+        # window and at an out-of-memory
         self.memory = MemoryInstrument.from_config(
-            config, self.device, os.environ.get(MEMORY_DIR_VARIABLE, "reports/memory")
+            config.memory_snapshot, self.device, os.environ.get(MEMORY_DIR_VARIABLE, "reports/memory")
         )
         self._initial: dict[str, torch.Tensor] | None = None
         self.trainer: Trainer | None = None
-        self.switches = BASELINE
+        # The switches every rung of this config runs; a rung's items add theirs (set_switches).
+        self.baseline = Switches.from_names(config.baseline_switches)
+        self.switches = self.baseline
 
     # ---- load ----
     def load(self) -> None:
@@ -166,14 +141,13 @@ class Molmo2Runner:
             self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size
         )
         self.collator = Collator(self.layout, self.fast, ByteTokenizer.for_layout(self.layout), self.geometry.image_geometry(),
-                                 self.max_crops, pad_multiple=COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1))  # fmt: skip
-        data = RigDataset(
-            self.seed, self.geometry.episodes, camera_counts=self.camera_counts, image_size=self.geometry.image_size
-        )
+                                 self.run_config.max_crops, pad_multiple=self.pad_multiple())  # fmt: skip
+        cameras = self.run_config.camera_counts
+        data = RigDataset(self.seed, self.geometry.episodes, camera_counts=cameras, image_size=self.geometry.image_size)
         self.eval_data = RigDataset(
             self.seed,
             self.geometry.eval_samples,
-            camera_counts=self.camera_counts,
+            camera_counts=cameras,
             image_size=self.geometry.image_size,
             split="eval",
         )
@@ -206,7 +180,7 @@ class Molmo2Runner:
         # slice r of each: a different slice per rank, together the one-process run at the global batch.
         world, rank = self.ranks.world_size, self.ranks.rank
         indices = [i % len(data) for i in range(steps * batch * world)]
-        if self.bucket_by_length:
+        if self.run_config.bucket_by_length:
             indices.sort(key=lambda i: data.scene(i).n_cameras)  # stable: episode order within a count
         return [
             self._prepare(data, indices[(k * world + rank) * batch : (k * world + rank + 1) * batch])
@@ -223,15 +197,23 @@ class Molmo2Runner:
             # count, so the step's gradient is the same however it is chunked.
             groups = [[s for s in samples if s.n_cameras == n] for n in sorted({s.n_cameras for s in samples})]
         chunks = [self.collator(group[k : k + size]) for group in groups for k in range(0, len(group), size)]
-        if self.pack:
-            multiple = COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
-            chunks = [pack(chunk, multiple) for chunk in chunks]
+        if self.run_config.pack:
+            chunks = [pack(chunk, self.pad_multiple()) for chunk in chunks]
         return prepare_step(chunks, self.device)
+
+    def pad_multiple(self) -> tuple[int, int]:
+        """The (prefix, suffix) length multiple of padded and packed rows: few shapes to compile, else none."""
+        return COMPILED_PAD_MULTIPLE if self.execution.compile else (1, 1)
 
     # ---- training ----
     def set_switches(self, switches: tuple[str, ...]) -> None:
-        self.switches = Switches.from_names(list(switches))
+        """A rung's items' switches, on top of the baseline's."""
+        self.switches = self.with_switches(switches)
         self.model.switches = self.switches
+
+    def with_switches(self, switches: tuple[str, ...] | list[str]) -> Switches:
+        """The baseline with these switches on too."""
+        return Switches.from_names(sorted({*self.baseline.on(), *switches}))
 
     def steps_for(self, n: int) -> list[Step]:
         return [self.pool[k % len(self.pool)] for k in range(n)]
@@ -327,5 +309,5 @@ class Molmo2Runner:
         from engine.molmo2.probes import PROBES
 
         observed = PROBES[probe](self, switch, oracle)
-        self.fresh(BASELINE)
+        self.fresh(self.baseline)
         return observed

@@ -27,27 +27,29 @@ the function. Each path's parity with the baseline's eager dense-SDPA path is a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-ATTENTION_KERNELS = ("sdpa", "flex")  # the prefix attention's kernel
-PACK_ATTENTION = ("packed", "varlen", "varlen-cudnn")  # where a packed chunk attends
+if TYPE_CHECKING:
+    from engine.molmo2.run_config import Molmo2RunConfig
+
 VARLEN_KERNELS = {"varlen": "flash", "varlen-cudnn": "cudnn"}  # the segments' CUDA kernel of each varlen choice
 
 
 @dataclass(frozen=True)
 class Execution:
+    """The execution options of one model, taken from a validated run config (the run config owns their rules)."""
+
     prefix_attention: str = "sdpa"
     compile: bool = False
-    pack_attention: str = "packed"
+    pack_attention: str = "packed"  # consulted for packed chunks only
     pack_one_pass: bool = False
 
-    def __post_init__(self) -> None:
-        if self.prefix_attention not in ATTENTION_KERNELS:
-            raise ValueError(f"prefix_attention = {self.prefix_attention!r}; allowed: {list(ATTENTION_KERNELS)}")
-        if self.pack_attention not in PACK_ATTENTION:
-            raise ValueError(f"pack_attention = {self.pack_attention!r}; allowed: {list(PACK_ATTENTION)}")
-        for name in ("compile", "pack_one_pass"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: true or false")
+    @classmethod
+    def of(cls, config: "Molmo2RunConfig") -> "Execution":
+        packing = (
+            {} if not config.pack else {"pack_attention": config.pack_attention, "pack_one_pass": config.pack_one_pass}
+        )
+        return cls(config.prefix_attention, config.compile, **packing)
 
 
 EAGER = Execution()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from contextlib import nullcontext
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from engine.molmo2.model.ar import ar_forward, set_ar_trainable
 from engine.molmo2.model.batch import ARBatch
 from engine.molmo2.model.model import Molmo2Model
+from engine.molmo2.run_config import Molmo2RunConfig
 from engine.molmo2.train.step import ADAM_BETAS, GradientSync, OptimizerFactory, Step, TrainConfig, Trainer, adamw
 from engine.workload import Ranks
 
@@ -54,29 +55,16 @@ GRAD_SYNC_MODES = {
 OPTIMIZER_STATE = "optimizer.pt"  # beside the weights in a checkpoint directory
 
 
-def _flag(config: Mapping[str, Any], key: str) -> bool | None:
-    value = config.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(f"config {key} = {value!r} must be true or false")
-    return value
-
-
-def grad_sync_mode(config: Mapping[str, Any], world_size: int) -> str:
-    """The gradient sync a rung's config asks for, on `world_size` ranks (a key of GRAD_SYNC_MODES)."""
-    ddp, explicit, wrapper = _flag(config, "ddp"), _flag(config, "chunk_grad_allreduce"), _flag(config, "ddp_wrapper")
-    _flag(config, "zero1")
-    if wrapper is not None and not explicit:
-        raise ValueError(f"ddp_wrapper = {str(wrapper).lower()} applies only with chunk_grad_allreduce = true")
+def grad_sync_mode(config: Molmo2RunConfig, world_size: int) -> str:
+    """The gradient sync a rung's config asks for, on `world_size` ranks (a key of GRAD_SYNC_MODES). The run
+    config's rules made the keys agree with its profile's processes; one process (the oracle gate of any profile)
+    has nothing to synchronise."""
     if world_size == 1:
         return "none"
-    if explicit:
-        return "allreduce" if wrapper is False else "ddp+allreduce"
-    if ddp:
-        return "ddp"
-    raise ValueError(
-        f"a rung of {world_size} processes needs a gradient sync; set ddp = true, or chunk_grad_allreduce = "
-        "true (with ddp_wrapper = true | false)"
-    )
+    if config.chunk_grad_allreduce:
+        return "ddp+allreduce" if config.ddp_wrapper else "allreduce"
+    assert config.ddp, "the run config asks several processes for a gradient sync"
+    return "ddp"
 
 
 class ARForward(nn.Module):
@@ -165,9 +153,7 @@ class DataParallelSync(GradientSync):
         return peaks[:n], sums[:n], sums[n:], dict(zip(keys, peaks[n:]))
 
 
-def make_gradient_sync(
-    model: Molmo2Model, config: Mapping[str, Any], device: torch.device, ranks: Ranks
-) -> GradientSync:
+def make_gradient_sync(model: Molmo2Model, config: Molmo2RunConfig, device: torch.device, ranks: Ranks) -> GradientSync:
     mode = grad_sync_mode(config, ranks.world_size)
     return GradientSync() if mode == "none" else DataParallelSync(model, mode, device, ranks)
 
@@ -179,8 +165,8 @@ def zero_adamw(groups: list[dict[str, Any]], config: TrainConfig, fused: bool) -
     )
 
 
-def optimizer_factory(config: Mapping[str, Any], world_size: int) -> OptimizerFactory:
-    return zero_adamw if _flag(config, "zero1") and world_size > 1 else adamw
+def optimizer_factory(config: Molmo2RunConfig, world_size: int) -> OptimizerFactory:
+    return zero_adamw if config.zero1 and world_size > 1 else adamw
 
 
 def with_global_loss_tokens(steps: list[Step], ranks: Ranks) -> list[Step]:
@@ -192,7 +178,7 @@ def with_global_loss_tokens(steps: list[Step], ranks: Ranks) -> list[Step]:
     return [dataclasses.replace(s, loss_tokens=int(total)) for s, total in zip(steps, totals)]
 
 
-def describe(config: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+def describe(config: Molmo2RunConfig, world_size: int) -> dict[str, Any]:
     """How the ranks train, for the run's record."""
     optimizer = "zero1-adamw" if optimizer_factory(config, world_size) is zero_adamw else "adamw"
     return {"world_size": world_size, "grad_sync": grad_sync_mode(config, world_size), "optimizer": optimizer}

@@ -18,7 +18,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -27,6 +27,9 @@ from engine.molmo2.model.ar import ar_forward, ar_loss_sums, set_ar_trainable
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
 from engine.molmo2.model.model import Molmo2Model
 
+if TYPE_CHECKING:
+    from engine.molmo2.run_config import Molmo2RunConfig
+
 # Parameters trained at the decoder learning rate (seed 003: --decoder-lr); the rest of the trainables (the
 # text blocks and ln_f) take --backbone-text-lr.
 DECODER_SIDE = ("model.transformer.wte.fast_embed", "fast_head.", "state_proj.")
@@ -34,23 +37,25 @@ DECODER_SIDE = ("model.transformer.wte.fast_embed", "fast_head.", "state_proj.")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    batch: int = 12
-    backward_chunks: int = 6
-    lr: float = 1e-4  # seed 003: --decoder-lr 1e-4
-    backbone_lr: float = 2e-5  # seed 003: --backbone-text-lr 2e-5
-    grad_clip: float = 100.0  # seed 003: --grad-clip 100
-    warmup: int = 0
-    weight_decay: float = 0.0
+    """The step's settings. A run takes them from its run config (`of`), which owns their defaults and rules;
+    tests and benchmarks name them all."""
+
+    batch: int
+    backward_chunks: int
+    lr: float
+    backbone_lr: float
+    grad_clip: float
+    warmup: int
+    weight_decay: float = 0.0  # not a run-config key: the seeds' recipe trains without weight decay
 
     def __post_init__(self) -> None:
-        if self.batch < 1 or self.backward_chunks < 1 or self.batch % self.backward_chunks:
-            raise ValueError(
-                f"batch = {self.batch} must split evenly into backward_chunks = {self.backward_chunks} chunks"
-            )
-        for name in ("lr", "backbone_lr", "grad_clip"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} = {value} must be a finite number > 0")
+        assert self.batch >= 1 and self.backward_chunks >= 1 and self.batch % self.backward_chunks == 0, self
+        assert all(math.isfinite(v) and v > 0 for v in (self.lr, self.backbone_lr, self.grad_clip)), self
+
+    @classmethod
+    def of(cls, config: "Molmo2RunConfig") -> "TrainConfig":
+        return cls(config.batch, config.backward_chunks, config.lr, config.backbone_text_lr, config.grad_clip,
+                   config.warmup)  # fmt: skip
 
     @property
     def chunk_size(self) -> int:

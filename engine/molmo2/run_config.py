@@ -1,0 +1,371 @@
+"""The Molmo2 workload's run config: every key, its type, its default on each kind of profile, and every rule
+between keys, checked when a document is validated (`prereg check`, `prereg freeze`), never first found after a
+model load on a GPU. Torch-free (pydantic only): prereg validates documents without torch.
+
+A key that applies only with another is unset (null) without it: `pack_attention` and `pack_one_pass` without
+`pack`, `ddp_wrapper` without `chunk_grad_allreduce`. A document that sets one without the other is refused; a
+default of one is dropped when the document turns the other off.
+
+Three tables of defaults: a new freeze resolves with `defaults(profile)` and records that table, so a later change
+of a default leaves its meaning alone; a document frozen before freezes recorded their defaults resolves with
+`UNRECORDED_DEFAULTS`, the values the code used then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from engine.molmo2.switches import Switches
+from prereg.workload import (
+    REGROUPS_SAMPLES,
+    ConfigConflict,
+    Profile,
+    RetiredOption,
+    RunConfig,
+    RunConfigDeclaration,
+    profile_of,
+)
+
+SWITCH_NAMES = tuple(f.name for f in fields(Switches))
+CAMERA_COUNTS = (1, 2)  # the rig's camera kinds, front and side (data/rig.py CAMERA_KINDS)
+AttentionKernel = Literal["sdpa", "flex"]
+PackAttention = Literal["packed", "rows", "varlen", "varlen-cudnn"]
+PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+# A key that applies only when another is on -> that other key.
+APPLIES_ONLY_WITH = {"pack_attention": "pack", "pack_one_pass": "pack", "ddp_wrapper": "chunk_grad_allreduce"}
+
+
+class Molmo2RunConfig(RunConfig):
+    BASELINE_KEY = "baseline_switches"
+
+    batch: Annotated[int, Field(ge=1, description="samples per optimizer step (per rank)")]
+    backward_chunks: Annotated[
+        int, Field(ge=1, description="gradient-accumulation chunks per step; batch must divide evenly")
+    ]
+    camera_counts: Annotated[
+        tuple[int, ...], Field(strict=False, min_length=1, description="camera counts the sampler draws from")
+    ]
+    max_crops: Annotated[int, Field(ge=1, description="high-resolution crops per image")]
+    lr: Annotated[PositiveRate, Field(description="decoder learning rate")]
+    # Seed 003's recipe sets two learning rates: --decoder-lr (`lr`) and --backbone-text-lr.
+    backbone_text_lr: Annotated[PositiveRate, Field(description="learning rate of the trunk's text decoder blocks")]
+    grad_clip: Annotated[PositiveRate, Field(description="gradient-norm clip")]
+    warmup: Annotated[int, Field(ge=0, description="learning-rate warm-up steps")]
+    zero1: Annotated[bool, Field(description="ZeRO-1 optimizer sharding (several processes)")]
+    ddp: Annotated[bool, Field(description="wrap in DistributedDataParallel (several processes)")]
+    chunk_grad_allreduce: Annotated[
+        bool, Field(description="explicit in-place gradient allreduce once per step (several processes)")
+    ]
+    ddp_wrapper: Annotated[
+        bool | None, Field(description="with chunk_grad_allreduce: whether the DDP wrapper stays; null without it")
+    ]
+    memory_snapshot: Annotated[
+        bool, Field(description="record allocation history and dump a snapshot after the first window and at OOM")
+    ]
+    compile: Annotated[bool, Field(description="torch.compile the decoder layers (and the frozen vision tower)")]
+    bucket_by_length: Annotated[
+        bool,
+        REGROUPS_SAMPLES,
+        Field(description="the pool's samples regrouped into steps by camera count (other steps than unbucketed)"),
+    ]
+    chunk_by_cameras: Annotated[
+        bool, Field(description="each step cut into chunks where its camera counts meet (the same step, less padding)")
+    ]
+    pack: Annotated[
+        bool,
+        Field(description="training chunks packed: each chunk's samples end to end in one row, attention kept to each"),
+    ]
+    pack_attention: Annotated[
+        PackAttention | None,
+        Field(
+            description="with pack: where a packed chunk attends: 'packed' (the packed row under per-sample block "
+            "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the "
+            "same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA); null without pack"
+        ),
+    ]
+    pack_one_pass: Annotated[
+        bool | None,
+        Field(description="with pack: prefix and suffix rows joined through every block but the last; null unpacked"),
+    ]
+    prefix_attention: Annotated[
+        AttentionKernel, Field(description="the prefix attention's kernel: 'sdpa' (dense mask) or 'flex' (block mask)")
+    ]
+    suffix_attention: Annotated[AttentionKernel, Field(description="the suffix attention's kernel in training")]
+    baseline_switches: Annotated[
+        tuple[str, ...], Field(strict=False, description="the switches on in every rung; a rung's items add theirs")
+    ]
+    # Retired keys (RETIRED): unset in every table; frozen documents that set them still validate.
+    pack_multiple: Annotated[int | None, Field(ge=1, description="retired: the packed rows' length multiple")]
+    compile_dynamic: Annotated[bool | None, Field(description="retired: with compile, Dynamo's dynamic shapes")]
+    fps: Annotated[int | None, Field(description="retired: action frames per second (read by nothing)")]
+    truncate_layers: Annotated[
+        int | None, Field(description="retired: mount the first N decoder layers (read by nothing)")
+    ]
+
+    @classmethod
+    def fill(cls, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+        values = {**defaults, **raw}
+        for key, parent in APPLIES_ONLY_WITH.items():
+            if key not in raw and values.get(parent) is False:
+                values[key] = None
+        return values
+
+    @field_validator("camera_counts")
+    @classmethod
+    def _cameras(cls, counts: tuple[int, ...]) -> tuple[int, ...]:
+        if any(isinstance(c, bool) or c not in CAMERA_COUNTS for c in counts):
+            raise ValueError(f"allowed: a non-empty list of camera counts from {list(CAMERA_COUNTS)}, e.g. [1, 2]")
+        return counts
+
+    @field_validator("baseline_switches")
+    @classmethod
+    def _known_switches(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(names) - set(SWITCH_NAMES))
+        if unknown:
+            retired = {r.name for r in RETIRED if r.kind == "switch"}
+            raise ValueError(f"unknown switch(es) {unknown}; allowed: {[n for n in SWITCH_NAMES if n not in retired]}")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{repeated} listed more than once; name each switch once")
+        return names
+
+    @model_validator(mode="after")
+    def _cross_key_rules(self, info: ValidationInfo) -> "Molmo2RunConfig":
+        profile = profile_of(info)
+        for rule in CROSS_KEY_RULES:
+            rule(self, profile)
+        return self
+
+
+def _batch_splits_into_chunks(c: Molmo2RunConfig, profile: Profile) -> None:
+    """Each chunk's loss sum is divided by the whole step's token count, so chunks must cut the batch evenly."""
+    if c.batch % c.backward_chunks:
+        divisors = [n for n in range(1, c.batch + 1) if c.batch % n == 0]
+        raise ConfigConflict(
+            ("backward_chunks", "batch"),
+            f"batch = {c.batch} does not split evenly into "
+            f"backward_chunks = {c.backward_chunks}; allowed with this batch: {divisors}",
+        )
+
+
+def _packing_options_need_pack(c: Molmo2RunConfig, profile: Profile) -> None:
+    """pack_attention and pack_one_pass say how a packed chunk is computed: they mean nothing unpacked."""
+    for key in ("pack_attention", "pack_one_pass"):
+        value = getattr(c, key)
+        if not c.pack and value is not None:
+            raise ConfigConflict(
+                (key, "pack"),
+                f"{key} = {value!r} needs pack = true (it says how a packed chunk is "
+                f"computed); fix: set pack = true, or remove {key}",
+            )
+        if c.pack and value is None:
+            raise ConfigConflict((key, "pack"), f"pack = true needs {key}; set it (see the run config's description)")
+
+
+def _ddp_wrapper_needs_allreduce(c: Molmo2RunConfig, profile: Profile) -> None:
+    """ddp_wrapper chooses between the two explicit-allreduce modes (seed 003's rungs 6 and 8)."""
+    if not c.chunk_grad_allreduce and c.ddp_wrapper is not None:
+        raise ConfigConflict(
+            ("ddp_wrapper", "chunk_grad_allreduce"),
+            f"ddp_wrapper = {str(c.ddp_wrapper).lower()} "
+            "applies only with chunk_grad_allreduce = true; fix: set chunk_grad_allreduce = true, or "
+            "remove ddp_wrapper",
+        )
+    if c.chunk_grad_allreduce and c.ddp_wrapper is None:
+        raise ConfigConflict(("ddp_wrapper",), "chunk_grad_allreduce = true needs ddp_wrapper = true | false")
+
+
+def _gradient_sync_fits_the_processes(c: Molmo2RunConfig, profile: Profile) -> None:
+    """One process has nothing to synchronise; several must agree on their gradients one way or another."""
+    world = profile.world_size
+    if world == 1:
+        for key in ("zero1", "ddp", "chunk_grad_allreduce"):
+            if getattr(c, key):
+                raise ConfigConflict(
+                    (key,),
+                    f"{key} = true needs several processes; profile {profile.name} runs "
+                    f"one, where it changes nothing; fix: remove {key} or pick a profile of several "
+                    "GPUs",
+                )
+    elif not (c.ddp or c.chunk_grad_allreduce):
+        raise ConfigConflict(
+            ("ddp", "chunk_grad_allreduce"),
+            f"profile {profile.name} runs {world} processes, which "
+            "need a gradient sync; fix: set ddp = true, or chunk_grad_allreduce = true (with "
+            "ddp_wrapper = true | false)",
+        )
+
+
+def _flex_needs_cuda(c: Molmo2RunConfig, profile: Profile) -> None:
+    """FlexAttention has no backward on the CPU."""
+    for key in ("prefix_attention", "suffix_attention"):
+        if getattr(c, key) == "flex" and profile.device != "cuda":
+            raise ConfigConflict(
+                (key,),
+                f"{key} = 'flex' needs CUDA (FlexAttention has no backward on the CPU), and "
+                f"profile {profile.name} runs on the CPU; allowed there: 'sdpa'",
+            )
+
+
+def _memory_snapshot_needs_cuda(c: Molmo2RunConfig, profile: Profile) -> None:
+    """The snapshot records torch.cuda's allocator: on the CPU it would silently record nothing."""
+    if c.memory_snapshot and profile.device != "cuda":
+        raise ConfigConflict(
+            ("memory_snapshot",),
+            f"memory_snapshot = true needs CUDA (it records the CUDA "
+            f"allocator), and profile {profile.name} runs on the CPU; fix: remove it",
+        )
+
+
+def _compile_dynamic_needs_compile(c: Molmo2RunConfig, profile: Profile) -> None:
+    """Dynamic shapes are a way of compiling."""
+    if c.compile_dynamic and not c.compile:
+        raise ConfigConflict(("compile_dynamic", "compile"), "compile_dynamic = true needs compile = true")
+
+
+def _pack_multiple_needs_pack(c: Molmo2RunConfig, profile: Profile) -> None:
+    """The multiple rounds packed rows: there are none unpacked."""
+    if c.pack_multiple is not None and not c.pack:
+        raise ConfigConflict(("pack_multiple", "pack"), f"pack_multiple = {c.pack_multiple} needs pack = true")
+
+
+def _clip_in_adamw_needs_the_fused_adamw(c: Molmo2RunConfig, profile: Profile) -> None:
+    """X4 hands the clip to the fused torch.optim.AdamW's grad_scale: built on CUDA only, and not under ZeRO-1."""
+    if "clip_in_adamw" not in c.baseline_switches:
+        return
+    if profile.device != "cuda":
+        raise ConfigConflict(
+            ("baseline_switches",),
+            f"clip_in_adamw in baseline_switches needs the fused AdamW, "
+            f"which this workload builds on CUDA only; profile {profile.name} runs on the CPU; fix: "
+            "remove it from baseline_switches",
+        )
+    if c.zero1 and profile.world_size > 1:
+        raise ConfigConflict(
+            ("baseline_switches", "zero1"),
+            "clip_in_adamw in baseline_switches needs the fused "
+            "AdamW, and zero1 = true shards it in a ZeroRedundancyOptimizer; fix: remove one",
+        )
+
+
+CROSS_KEY_RULES = (
+    _batch_splits_into_chunks,
+    _packing_options_need_pack,
+    _ddp_wrapper_needs_allreduce,
+    _gradient_sync_fits_the_processes,
+    _flex_needs_cuda,
+    _memory_snapshot_needs_cuda,
+    _compile_dynamic_needs_compile,
+    _pack_multiple_needs_pack,
+    _clip_in_adamw_needs_the_fused_adamw,
+)
+
+# --- defaults ------------------------------------------------------------------------------------------------
+
+_RETIRED_UNSET = {"pack_multiple": None, "compile_dynamic": None, "fps": None, "truncate_layers": None}
+
+# The values the runner used for a key a document did not set, before freezes recorded their defaults: what every
+# document frozen then means (the runner's `config.get(key, default)`; ddp_wrapper unset meant "keep the wrapper").
+UNRECORDED_DEFAULTS: dict[str, Any] = {
+    "batch": 12,
+    "backward_chunks": 1,
+    "camera_counts": (1, 2),
+    "max_crops": 1,
+    "lr": 1e-4,
+    "backbone_text_lr": 2e-5,
+    "grad_clip": 100.0,
+    "warmup": 0,
+    "zero1": False,
+    "ddp": False,
+    "chunk_grad_allreduce": False,
+    "ddp_wrapper": True,
+    "memory_snapshot": False,
+    "compile": False,
+    "bucket_by_length": False,
+    "chunk_by_cameras": False,
+    "pack": False,
+    "pack_attention": "packed",
+    "pack_one_pass": False,
+    "prefix_attention": "sdpa",
+    "suffix_attention": "sdpa",
+    "baseline_switches": (),
+    **_RETIRED_UNSET,
+}
+
+# The switches the verdicts landed, in the baseline of every CUDA rung -> the verdict that landed each.
+S_BUNDLE = "molmo2-perf-pass1-h200 (land-bundle; its interleaved twin decided the same)"
+LANDED = {
+    "suffix_cudnn": S_BUNDLE,
+    "windowed_vram_peak": S_BUNDLE,
+    "device_assert_patch_count": S_BUNDLE,
+    "branchless_extension_lookup": S_BUNDLE,
+    "masked_loss_sums": S_BUNDLE,
+    "no_embed_clone": S_BUNDLE,
+    "vit_fp16_attention": "molmo2-x2-h200 (land-x2)",
+}
+
+# The path the verdicts landed, on CUDA profiles.
+CUDA_DEFAULTS: dict[str, Any] = {
+    **UNRECORDED_DEFAULTS,
+    "backward_chunks": 1,  # molmo2-fast-h200 (default-fast-path): one chunk of the whole batch
+    "compile": True,  # molmo2-fast-h200 (default-fast-path)
+    "pack": True,  # molmo2-pack-h200 (default-pack): no compute on padding
+    "pack_one_pass": True,  # molmo2-pack-one-pass-h200 (default-one-pass)
+    "pack_attention": "varlen-cudnn",  # molmo2-pack-cudnn-h200 (default-varlen-cudnn), over varlen and packed
+    "baseline_switches": tuple(LANDED),  # the S-bundle (land-bundle) and X2 (land-x2)
+}
+
+# The CPU runs tests and the demo at the tiny geometry: it has no cuDNN, and compiling costs more than a tiny
+# ladder's steps.
+CPU_DEFAULTS: dict[str, Any] = {
+    **UNRECORDED_DEFAULTS,
+    "compile": False,  # inductor compiles each shape for many seconds on the CPU, longer than a tiny rung trains
+    # Unpacked: on the CPU the packed attention runs a per-segment reference loop, slower at the tiny geometry
+    # than the one padded batch of a chunk.
+    "pack": False,
+    # A CPU rung that packs: "varlen" (its CPU path is the per-segment reference; "varlen-cudnn" would run the same
+    # reference under cuDNN's name), in one pass as on CUDA.
+    "pack_attention": "varlen",
+    "pack_one_pass": True,
+    # None: the landed switches' gains were measured on CUDA (P1 switches nothing on the CPU), and the CPU ladders
+    # (the demo's S-bundle) test them as items, which a baseline that held them would refuse.
+    "baseline_switches": (),
+}
+
+
+def defaults(profile: Profile) -> dict[str, Any]:
+    """The defaults a new freeze on `profile` resolves with (and records)."""
+    table = dict(CUDA_DEFAULTS if profile.device == "cuda" else CPU_DEFAULTS)
+    table["ddp"] = profile.world_size > 1  # several processes need a gradient sync: DDP's, seed 003's recipe
+    return table
+
+
+RETIRED = (
+    RetiredOption("value", "pack_attention", "molmo2-pack-rows-h200 (park-rows)", value="rows"),
+    RetiredOption("switch", "vit_bf16_attention", "molmo2-x1-h200 (X1 dropped at its oracle X1a)"),
+    RetiredOption("switch", "pool_fp32_math", "molmo2-x34-h200 (park-x34: X3 dropped at its oracle X3a)"),
+    RetiredOption("value", "suffix_attention", "molmo2-sflex-h200 (reached no outcome)", value="flex"),
+    RetiredOption("key", "pack_multiple", "no ladder landing it"),
+    RetiredOption("key", "compile_dynamic", "no ladder landing it"),
+    RetiredOption("key", "fps", "nothing reading it"),
+    RetiredOption("key", "truncate_layers", "nothing reading it"),
+)
+
+RUN_CONFIG = RunConfigDeclaration(
+    model=Molmo2RunConfig,
+    defaults=defaults,
+    unrecorded_defaults=UNRECORDED_DEFAULTS,
+    retired=RETIRED,
+    landed=LANDED,
+)
+
+
+def resolve(profile: Profile, raw: Mapping[str, Any], table: Mapping[str, Any] | None = None) -> Molmo2RunConfig:
+    """`raw` against `profile` and a defaults table (the profile's current defaults unless given)."""
+    config = RUN_CONFIG.resolve(raw, profile, defaults(profile) if table is None else table)
+    assert isinstance(config, Molmo2RunConfig)
+    return config
