@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from engine.molmo2.switches import RETIRED as RETIRED_SWITCHES
 from engine.molmo2.switches import Switches
 from prereg.workload import (
     REGROUPS_SAMPLES,
@@ -29,7 +30,8 @@ from prereg.workload import (
     profile_of,
 )
 
-SWITCH_NAMES = tuple(f.name for f in fields(Switches))
+# Every switch a document may name: those the model implements, and the retired ones frozen documents still name.
+SWITCH_NAMES = tuple(f.name for f in fields(Switches)) + tuple(RETIRED_SWITCHES)
 CAMERA_COUNTS = (1, 2)  # the rig's camera kinds, front and side (data/rig.py CAMERA_KINDS)
 AttentionKernel = Literal["sdpa", "flex"]
 PackAttention = Literal["packed", "rows", "varlen", "varlen-cudnn"]
