@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The peer benchmark on one H200 (kind nvidia-h200), in one device call:
-#   1. every GPU test (`pytest -m gpu tests/`, unless GPU_TESTS=0) and, beside them, an untimed run of the compiled
+#   1. every GPU test (`pytest -m gpu tests/`; GPU_TESTS_PATHS: other paths; GPU_TESTS=0: none) and, beside them,
+#      an untimed run of the compiled
 #      rows WARM_OURS and WARM_PEER (bench/peer_molmo2.py --cycles 0) that fills inductor's on-disk cache, so the
 #      timed run's compilations are cache hits (a cold compilation of a 4B row takes minutes);
 #   2. bench/peer_molmo2.py over OURS and PEER alone on the GPU, its JSON named NAME (PEER_LAST=1: the peer after
@@ -14,8 +15,9 @@ source bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 tests=""
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout --kill-after=10 "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -q -p no:warnings -m gpu tests/ \
-    > "$OUT/gpu_tests.log" 2>&1 &
+  # shellcheck disable=SC2086  # GPU_TESTS_PATHS: several paths
+  timeout --kill-after=10 "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -v -p no:warnings -m gpu \
+    --continue-on-collection-errors ${GPU_TESTS_PATHS:-tests/} > "$OUT/gpu_tests.log" 2>&1 &
   tests=$!
 fi
 cache="cold: this process compiles every graph in its warm-up steps"

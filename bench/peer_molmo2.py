@@ -49,6 +49,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -207,8 +208,11 @@ PEER = {
     },  # fmt: skip
     "keep-c2-flex": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": False,
                      "attention": "flex_attention"},
-    "keep-c2-flex-compiled": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": True,
-                              "attention": "flex_attention"},
+    **{
+        f"keep-c{n}-flex-compiled": {"chunks": n, "logits_to_keep": True, "use_cache": False, "compiled": True,
+                                     "attention": "flex_attention"}
+        for n in (2, 1)
+    },
     "keep-c2-flash2": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": False,
                        "attention": "flash_attention_2"},
 }  # fmt: skip
@@ -354,15 +358,18 @@ def peak_gib(device: torch.device) -> float | None:
 
 
 def release(device: torch.device) -> None:
-    """Between rows: no compiled graph, cached block or peak of one row reaches the next."""
+    """Between rows: no compiled graph, cached block, peak or allocator retry count of one row reaches the next."""
     gc.collect()
     torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()
 
 
 def failure(error: BaseException) -> str:
+    """The row's error: the exception's first line; its traceback goes to stderr, the run's log."""
+    traceback.print_exception(error, file=sys.stderr)
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
 
@@ -451,7 +458,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     report = out / f"peer_molmo2_{args.profile}_{args.name}.json"
 
-    def record(row: dict[str, Any], runner: Molmo2Runner, times, padded: float, load_s: float, error: str | None):
+    def record(row: dict[str, Any], runner: Molmo2Runner | None, times, padded: float | None, load_s: float | None,
+               error: str | None):  # fmt: skip
         warm, timed = times if times else (None, None)
         retries = torch.cuda.memory_stats().get("num_alloc_retries") if device.type == "cuda" else None
         row |= {"load_s": load_s, "peak_gib": peak_gib(device), "alloc_retries": retries, "error": error,
@@ -469,9 +477,9 @@ def main() -> None:
                 "flops_per_step": flops,
                 "mfu": flops / mean / ceiling if ceiling else None,
             }
-        if conditions["sequence_lengths"] is None:
+        if conditions["sequence_lengths"] is None and hasattr(runner, "pool"):
             conditions["sequence_lengths"] = sequence_lengths(runner)
-        conditions["timed_steps"] = args.cycles * len(runner.pool)
+            conditions["timed_steps"] = args.cycles * len(runner.pool)
         rows.append(row)
         print(json.dumps(row), flush=True)
         # after every row: a run stopped at its time limit keeps the rows it finished
@@ -485,24 +493,24 @@ def main() -> None:
         row = {"name": f"ours {name}", "kind": "ours", "landed_only": landed_only(extra, switches),
                "config": extra, "switches": list(switches), "peer_config": None}  # fmt: skip
         start = time.perf_counter()
-        runner = Molmo2Runner(profile, base | extra, seed=0)
-        runner.load()
-        runner.set_switches(switches)
-        load_s = time.perf_counter() - start
-        padded = statistics.fmean(
+        runner = load_s = times = None
+        try:
+            runner = Molmo2Runner(profile, base | extra, seed=0)
+            runner.load()
+            runner.set_switches(switches)
+            load_s = time.perf_counter() - start
+            release(device)
+            times, error = timed(runner.trainer.step, runner.pool), None
+        except Exception as caught:  # a row records why the configuration failed, whatever failed
+            error = failure(caught)
+        padded = times and statistics.fmean(
             sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks) for step in runner.pool
         )
-        release(device)
-        train_step = runner.trainer.step
-        try:
-            times, error = timed(train_step, runner.pool), None
-        except Exception as caught:  # a row records why the configuration failed, whatever failed
-            times, error = None, failure(caught)
         record(row, runner, times, padded, load_s, error)
         if error is None and name == args.profile_arm:
             profiled = runner.pool[: args.profile_steps] if args.profile_steps else runner.pool
-            profile_pass(train_step, profiled, device, Path(args.out) / f"profile_{name}")
-        del runner, train_step
+            profile_pass(runner.trainer.step, profiled, device, Path(args.out) / f"profile_{name}")
+        del runner
         release(device)
 
     data_runners: dict[int, Molmo2Runner] = {}  # the peer's pools by chunk count: its inputs, our collation
@@ -517,27 +525,31 @@ def main() -> None:
             runner.load_data()
             data_runners[peer["chunks"]] = runner
         runner = data_runners[peer["chunks"]]
-        model = train_step = steps = None
-        padded = statistics.fmean(
-            sum(
-                c.prefix.input_ids.numel() + c.suffix.input_ids.numel() + c.suffix.input_ids.shape[0]
-                for c in step.chunks
-            )
-            for step in runner.pool
-        )  # fmt: skip  (the peer's layout adds one pad column a row)
+        model = train_step = steps = load_s = times = None
         try:
             model, train_step, steps = peer_trainer(runner, device, peer)
             load_s = time.perf_counter() - start
             release(device)
             times, error = timed(train_step, steps), None
         except Exception as caught:  # a row records why the configuration failed, whatever failed
-            load_s, times, error = time.perf_counter() - start, None, failure(caught)
+            error = failure(caught)
+        # the peer's layout adds one pad column a row
+        padded = times and statistics.fmean(
+            sum(
+                c.prefix.input_ids.numel() + c.suffix.input_ids.numel() + c.suffix.input_ids.shape[0]
+                for c in step.chunks
+            )
+            for step in runner.pool
+        )
         record(row, runner, times, padded, load_s, error)
         del model, train_step, steps
         release(device)
 
     # The peer first (unless --peer-last); each row is printed as it completes, so a call cut short by its time
-    # limit still has the rows it reached.
+    # limit still has the rows it reached. Rows share the process, and on the H200 the peer's rows ran 12-18% slower
+    # after one of our arms than before it (the same configurations, peer first against peer last:
+    # bench/results/peer_molmo2_h200-4b_landed-vs-peer-*.json), ours within 3% either way: the peer's numbers are
+    # those of a run where it goes first.
     for name in [] if args.peer_last else peer_names:
         time_peer(name)
     for name in ours_names:
