@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The peer benchmark on one H200 (kind nvidia-h200), in one device call:
 #   1. every GPU test (`pytest -m gpu tests/`; GPU_TESTS_PATHS: other paths; GPU_TESTS=0: none) and, beside them,
-#      an untimed run of the compiled
-#      rows WARM_OURS and WARM_PEER (bench/peer_molmo2.py --cycles 0) that fills inductor's on-disk cache, so the
-#      timed run's compilations are cache hits (a cold compilation of a 4B row takes minutes);
+#      an untimed run of the compiled rows WARM_OURS and WARM_PEER (bench/peer_molmo2.py --cycles 0) that fills
+#      inductor's on-disk cache, so the timed run's compilations are cache hits (cold, our arm's took 2.4-2.9 minutes
+#      and the peer's compiled layers 0.8-1.3, on the H200);
 #   2. bench/peer_molmo2.py over OURS and PEER alone on the GPU, its JSON named NAME (PEER_LAST=1: the peer after
 #      our arms; PROFILE_ARM: one of OURS profiled), stopped BENCH_TIMEOUT_S after it starts (its JSON keeps the rows
 #      it finished).
