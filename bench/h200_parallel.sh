@@ -3,7 +3,7 @@
 # run one after another on its GPU, the lanes at once.
 #
 #   LANE0="ladder=molmo2-x2-h200" LANE1="ladder=molmo2-fast-same-steps-h200" BUDGET_S=480 bash bench/h200_parallel.sh
-#   LANE0="ladder=reg-a@300 gputests" LANE1="peer=head,fast-c1@6" bash bench/h200_parallel.sh
+#   LANE0="ladder=reg-a@300 gputests" LANE1="peer=baseline,fast-c1@defaults-c6" bash bench/h200_parallel.sh
 #   REGS="reg-a reg-b" BUDGET_S=480 bash bench/h200_parallel.sh      (shorthand: one ladder per lane)
 #
 # Tasks:
@@ -11,12 +11,12 @@
 #                    ledger.db that every lane shares (the ledger serializes its writers; the run lock is per
 #                    registration)
 #   gate=REG[@S]     the same with --gate-only: the oracle gate, then stop before the first rung
-#   peer=ARMS[@N]    bench/peer_molmo2.py over our arms ARMS (comma-separated) and the peer at N chunks (default 6;
-#                    @none: no peer)
+#   peer=ARMS[@PEERS] bench/peer_molmo2.py over our arms ARMS and the peer's configurations PEERS (both
+#                    comma-separated; default defaults-c6; @none: no peer), its JSON named NAME (default lane<i>)
 #   flexbench        bench/flex_configs.py: the prefix's FlexAttention under several kernel configurations
 #   packbench[=ROWS] bench/packed_attention.py: a packed step's attention beside the same samples padded (ROWS: its
 #                    --only list, row names with "_" for " ", e.g. packbench=prefix_packed,prefix_packed-128)
-#   gputests[=K]     the GPU tests of the Molmo2 workload (those whose names match pytest's -k K)
+#   gputests[=K]     every GPU test (`pytest -m gpu tests/`; those whose names match pytest's -k K)
 #   cudnnprobe       bench/cudnn_varlen_probe.py: the varlen calls on cuDNN's SDPA (cudnn-frontend, a carried wheel)
 #                    beside torch's FlashAttention-2
 # A task that exits non-zero ends its lane (the tasks after it do not run).
@@ -34,14 +34,14 @@ run_task() {  # one task on the GPU this lane was given
   case "$name" in
     ladder) python3 cli.py run "$value" --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
     gate) python3 cli.py run "$value" --gate-only --budget-s "${arg:-${BUDGET_S:-480}}" --ledger ledger.db ;;
-    peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer-chunks "$([ "$arg" = none ] && echo "" || echo "${arg:-6}")" \
-            --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" \
-            ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
+    peer) python3 bench/peer_molmo2.py --profile h200-4b --ours "$value" --peer "$([ "$arg" = none ] && echo "" || echo "${arg:-defaults-c6}")" \
+            --name "${NAME:-lane$CUDA_VISIBLE_DEVICES}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --profile-arm "${PROFILE_ARM:-}" \
+            --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ${PEER_LAST:+--peer-last} --alongside "$ALONGSIDE" ;;
     flexbench) python3 bench/flex_configs.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
     packbench) python3 bench/packed_attention.py --profile h200-4b --only "${value//_/ }" --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
     cudnnprobe) python3 bench/cudnn_varlen_probe.py --profile h200-4b --out "$OUT/lane$CUDA_VISIBLE_DEVICES" ;;
-    gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/test_molmo2_execution.py tests/test_molmo2_ar.py tests/test_molmo2_packing.py ;;
-    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@N|@none], flexbench, packbench[=ROWS], cudnnprobe, gputests[=K]"; return 2 ;;
+    gputests) python3 -m pytest -q -p no:warnings -m gpu ${value:+-k "$value"} tests/ ;;
+    *) echo "unknown task $task; allowed: ladder=REG[@S], gate=REG[@S], peer=ARMS[@PEERS|@none], flexbench, packbench[=ROWS], cudnnprobe, gputests[=K]"; return 2 ;;
   esac
   local status=$?
   echo "== $(date +%T) $task: exit $status"

@@ -2,7 +2,8 @@
 # Commands on the lent H200, by PART:
 #   bench   the switch bench (issue 3), then a time-budgeted slice of the ladder REG
 #   ladder  a time-budgeted slice of the ladder REG (BUDGET_S seconds; default molmo2-perf-pass1-h200)
-#   peer    the GPU tests of the execution options, then bench/peer_molmo2.py over OURS (arms) and PEER (chunks)
+#   peer    every GPU test, then bench/peer_molmo2.py over OURS (arms) and PEER (the peer's configurations), its
+#           JSON named NAME (bench/h200_peer.sh does the same with a compile-cache warm-up beside the tests)
 #   final   peer, then ladder
 # Whatever touches ledger.db brings it back under $OUT, to be committed here.
 set -uo pipefail
@@ -11,10 +12,11 @@ REG=${REG:-molmo2-perf-pass1-h200}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 case "${PART:-ladder}" in
   peer|final)
-    python3 -m pytest -q -p no:warnings -m gpu tests/test_molmo2_execution.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
-    python3 bench/peer_molmo2.py --profile h200-4b --ours "${OURS:-head,fast-c2,fast-c1}" --peer-chunks "${PEER:-6}" \
-      --profile-arm "${PROFILE_ARM:-}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" --out "$OUT" > "$OUT/peer.log" 2>&1
-    grep -A12 '^conditions' "$OUT/peer.log"
+    python3 -m pytest -q -p no:warnings -m gpu tests/ 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+    python3 bench/peer_molmo2.py --profile h200-4b --ours "${OURS:-baseline,fast-c1}" --peer "${PEER:-defaults-c6}" \
+      --name "${NAME:-session}" --profile-arm "${PROFILE_ARM:-}" --warmup "${WARMUP:-4}" --cycles "${CYCLES:-3}" \
+      --out "$OUT" > "$OUT/peer.log" 2>&1
+    grep -A16 '^conditions' "$OUT/peer.log"
     [ "${PART}" = peer ] && exit 0 ;;
   bench)
     python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;

@@ -1,37 +1,57 @@
-"""Our Molmo2 training step against transformers' own Molmo2, in one run, beside a bf16 matmul ceiling.
+"""Our Molmo2 training step against transformers' own Molmo2 at its best, in one run, beside a bf16 matmul ceiling.
 
-Same geometry, batches, sequence lengths, chunks and precision for both: fp32 master weights, bf16 autocast,
-fused AdamW over the same trainable set (the text decoder blocks and final norm; vision tower, embeddings and
-the shipped head frozen), gradient clipping. The peer trains as transformers does (logits over the whole base
-vocabulary at every position, its own loss); ours computes the suffix only (logits on the loss-bearing tokens).
+Both sides train the same samples the same way: seed 000's bench batch (12 samples, cameras {1, 2}, max-crops 1),
+fp32 master weights, bf16 autocast, fused AdamW over the text decoder blocks and the final norm (the vision tower,
+the embeddings and the base head frozen), gradient clipping, and the same loss on the same labels
+(tests/test_peer_loss.py). Ours also trains its FAST rows and its state projection (5.3 M parameters beside the
+decoder's 3.6 B).
 
-FLOPs per step are model FLOPs on useful (non-padding) tokens: 6 x (trainable decoder parameters) per token for
-forward + backward of the decoder, 2 x (frozen decoder-side parameters on the token path: none beyond the
-trainables' matmuls) — plus 2 x (vision tower + adapter parameters) per image patch (forward only, frozen),
-plus attention 12 x layers x heads x head_dim x (the pairs of real tokens the masks allow: causal OR image-block in
-the prefix, the suffix against its prefix and causally; `attention_pairs`) (QK^T and AV, forward 1 + backward 2).
-The head: 6 x hidden x vocab per loss-bearing token for ours. Rows banked before 2026-11-30 counted prefix^2 / 2
-pairs a row, as if the prefix were causal: 8.65 attention TFLOP a step at h200-4b where the image block makes it
-13.56, so their MFU reads 1.9% (relative) low.
-MFU = FLOPs / s_per_step / measured bf16 matmul rate.
+The peer (PEER below) is transformers' Molmo2ForConditionalGeneration with our text vocabulary
+(bench/molmo2_peer.py), in the configurations a careful user has: its defaults (logits over the whole vocabulary
+at every position, the config's use_cache, eager modules, six backward chunks), logits on the loss-bearing tokens
+only (`logits_to_keep`, use_cache off), fewer backward chunks, each decoder and vision layer under
+`torch.compile(dynamic=True)`, and the attention implementations transformers offers for Molmo2 (sdpa,
+flex_attention, flash_attention_2 where flash-attn is installed). Every configuration tried is a row; one that
+fails (out of memory, a compile error, a backend that is not there) is a row that carries its error.
 
-Our arms (OURS below) differ from HEAD only by switches and run config: FlexAttention for the prefix, compiled
-decoder blocks, length-bucketed steps (or HEAD's steps cut into chunks by camera count), fewer backward chunks
-(engine/molmo2/attention/execution.py). Each arm loads its own runner (its own pool: bucketing regroups the same 48 samples
-into other steps), so every arm and the peer see the same samples per pass of the pool.
+Our arms (OURS below) differ from the baseline only by switches and run config (engine/molmo2/attention/
+execution.py). An arm is `landed_only` when each of its switches and run-config values is the baseline's or one
+a verdict landed (LANDED_SWITCHES, LANDED_CONFIG: tests/test_bench_peer.py reads those verdicts in the ledger).
+Each arm loads its own runner (bucketing regroups the same 48 samples into other steps), so every arm and the peer
+see the same samples per pass of the pool.
 
-    python bench/peer_molmo2.py --profile h200-4b --ours head,fast-c2 --peer-chunks 6 [--warmup 4 --cycles 3]
+FLOPs per step (chunk_flops) are model FLOPs on real tokens: the work the step needs, whatever an implementation
+spends (the peer's logits at every position, ours' Q rows of the last prefix block are not credited):
+- decoder blocks, trainable: 6 x the matmul weights (att_proj's Q, K and V rows, attn_out, ff_proj, ff_out) per
+  real token, forward, input gradient and weight gradient. A prefix token's last block computes only its keys and
+  values (model.decoder's last_layer_kv_only, joined_suffix_hidden): 6 x hidden x 2 kv_width there;
+- decoder attention: 12 x heads x head_dim per (query, key) pair of real tokens the masks allow (QK^T and AV,
+  forward 4, backward 8; `attention_pairs`), the prefix's pairs in every block but the last, the suffix's in all;
+- the heads, per loss-bearing token: the frozen lm_head on the gradient path 4 x hidden x vocab (forward and the
+  input gradient, no weight gradient), the trainable FAST head 6 x hidden x fast_vocab;
+- the vision tower and adapter, frozen and off the gradient path: forward only, 2 x their matmul weights per
+  patch (patch embedding, the stored ViT blocks), per pooled token (pooling query and output, projector) and per
+  valid pooling slot (pooling keys and values), plus attention 4 x heads x head_dim per pair: every patch pair of
+  a crop in each ViT block, each pooled token's valid slots;
+- not counted: norms, RoPE, activations, softmax, embedding lookups, the optimizer.
+MFU = FLOPs / s_per_step / the bf16 matmul rate measured in the same run.
+
+    python bench/peer_molmo2.py --profile h200-4b --ours packed-varlen-cudnn-one-pass-x2 \\
+        --peer defaults-c6,keep-c2,keep-c2-compiled --name landed-vs-peer-best
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,10 +60,14 @@ from molmo2_peer import transformers_config, transformers_inputs  # noqa: E402
 
 from engine.molmo2.attention.packing import packed_prefix_mask, packed_suffix_mask  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
-from engine.molmo2.model.model import Molmo2Model, prefix_attention_mask  # noqa: E402
+from engine.molmo2.model.batch import ARBatch, PrefixInputs  # noqa: E402
+from engine.molmo2.model.config import Molmo2Config  # noqa: E402
+from engine.molmo2.model.model import prefix_attention_mask  # noqa: E402
 from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
 from engine.molmo2.train.step import autocast, synchronize  # noqa: E402
+
+BASE = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1}  # seed 000's bench config, every row's
 
 
 def arm_config(profile, raw: dict):
@@ -53,6 +77,7 @@ def arm_config(profile, raw: dict):
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
+    """FLOP/s of an n^3 bf16 product on random data: the median of `repeats` timed products after 3 warm-ups."""
     if device.type != "cuda":
         return None
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
@@ -72,47 +97,67 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
     return 2 * n**3 / statistics.median(times)
 
 
-def attention_pairs(chunk) -> float:
-    """(query, key) pairs the model attends over between real tokens: the prefix's causal-OR-image rule (image
-    tokens see every image token of their row, later ones included), then each suffix token against the row's
-    real prefix and, causally, its suffix. Padding on either side does not count; in a packed chunk, neither do
-    pairs across samples (the packed masks keep attention to each sample)."""
+def attention_pairs(chunk: ARBatch) -> tuple[float, float]:
+    """(prefix pairs, suffix pairs): the (query, key) pairs the model attends over between real tokens. The
+    prefix's rule is causal OR image (image tokens see every image token of their row, later ones included); each
+    suffix token sees the row's real prefix and, causally, its suffix. Padding on either side does not count; in a
+    packed chunk, neither do pairs across samples (the packed masks keep attention to each sample)."""
     if chunk.packing is not None:
         k = chunk.packing
         real_p, real_s = k.prefix_doc[0] >= 0, k.suffix_doc[0] >= 0
         prefix_pairs = packed_prefix_mask(k, chunk.prefix.mm_token_type_ids)[0, 0] & real_p[:, None] & real_p[None, :]
         suffix_pairs = packed_suffix_mask(k)[0, 0] & real_s[:, None] & torch.cat([real_p, real_s])[None, :]
-        return float(prefix_pairs.sum()) + float(suffix_pairs.sum())
+        return float(prefix_pairs.sum()), float(suffix_pairs.sum())
     real = chunk.prefix.attention_mask.bool()
     allowed = prefix_attention_mask(chunk.prefix.attention_mask, chunk.prefix.mm_token_type_ids)[:, 0]
     prefix_pairs = float((allowed & real[:, :, None] & real[:, None, :]).sum())
     prefix = chunk.prefix.attention_mask.sum(1).double()
     suffix = chunk.suffix.attention_mask.sum(1).double()
-    return prefix_pairs + float((suffix * prefix + suffix * (suffix + 1) / 2).sum())
+    return prefix_pairs, float((suffix * prefix + suffix * (suffix + 1) / 2).sum())
+
+
+def vision_flops(config: Molmo2Config, prefix: PrefixInputs) -> float:
+    """The frozen vision tower and adapter, forward only (the module docstring says what counts)."""
+    v, a, hidden = config.vision, config.adapter, config.text.hidden_size
+    crops, patches = prefix.pixel_values.shape[:2]
+    pooled = prefix.image_token_pooling.shape[0]
+    slots = float((prefix.image_token_pooling >= 0).sum())
+    vit_block = 4 * v.hidden_size**2 + 2 * v.hidden_size * v.intermediate_size  # wq, wk, wv, wo; w1, w2
+    vit = crops * patches * (v.patch_dim * v.hidden_size + config.vit_stored_layers * vit_block)
+    width = a.num_heads * a.head_dim
+    pool_in = config.pooling_input_dim
+    pooling = pool_in * width + width * a.hidden_size  # the query's projection and the output's
+    projector = 2 * a.hidden_size * a.intermediate_size + a.intermediate_size * hidden  # w1, w3; w2
+    adapter = pooled * (pooling + projector) + slots * 2 * pool_in * width  # keys and values of the valid slots
+    matmuls = 2 * (vit + adapter)
+    attention = 4 * v.num_heads * v.head_dim * config.vit_stored_layers * crops * patches**2
+    attention += 4 * a.num_heads * a.head_dim * slots
+    return float(matmuls + attention)
+
+
+def chunk_flops(config: Molmo2Config, chunk: ARBatch) -> float:
+    """Model FLOPs of one chunk's forward and backward (the module docstring says what counts)."""
+    t = config.text
+    prefix_tokens = float(chunk.prefix.attention_mask.sum())
+    suffix_tokens = float(chunk.suffix.attention_mask.sum())
+    loss_tokens = float((chunk.suffix.labels >= 0).sum())
+    block = (
+        t.hidden_size * (t.q_width + 2 * t.kv_width)
+        + t.q_width * t.hidden_size
+        + 3 * t.hidden_size * t.intermediate_size
+    )
+    last_prefix_block = t.hidden_size * 2 * t.kv_width  # keys and values only
+    layers = t.num_layers
+    decoder = 6 * (suffix_tokens * layers * block + prefix_tokens * ((layers - 1) * block + last_prefix_block))
+    prefix_pairs, suffix_pairs = attention_pairs(chunk)
+    attention = 12 * t.num_heads * t.head_dim * ((layers - 1) * prefix_pairs + layers * suffix_pairs)
+    head = (4 * t.vocab_size + 6 * config.fast_vocab_size) * t.hidden_size * loss_tokens
+    return decoder + attention + head + vision_flops(config, chunk.prefix)
 
 
 def step_flops(runner: Molmo2Runner) -> float:
-    """Model FLOPs of the pool's average step, on useful tokens (the module docstring says what counts)."""
-    config = runner.config
-    t = config.text
-    with torch.device("meta"):  # parameter counts only
-        params = dict(Molmo2Model(config).named_parameters())
-    trainable = sum(
-        p.numel() for n, p in params.items() if n.startswith(("model.transformer.blocks.", "model.transformer.ln_f."))
-    )
-    vision = sum(p.numel() for n, p in params.items() if n.startswith("model.vision_backbone."))
-    total = 0.0
-    for step in runner.pool:
-        for chunk in step.chunks:
-            prefix = chunk.prefix.attention_mask.sum(1).double()
-            suffix = chunk.suffix.attention_mask.sum(1).double()
-            tokens = float(prefix.sum() + suffix.sum())
-            patches = float(chunk.prefix.pixel_values.shape[0] * chunk.prefix.pixel_values.shape[1])
-            attention = 12 * t.num_layers * t.num_heads * t.head_dim * attention_pairs(chunk)
-            loss_tokens = float((chunk.suffix.labels >= 0).sum())
-            head = 6 * t.hidden_size * (t.vocab_size + config.fast_vocab_size) * loss_tokens
-            total += 6 * trainable * tokens + 2 * vision * patches + attention + head
-    return total / len(runner.pool)
+    """Model FLOPs of the pool's average step."""
+    return sum(chunk_flops(runner.config, c) for step in runner.pool for c in step.chunks) / len(runner.pool)
 
 
 def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[float], list[float]]:
@@ -128,7 +173,7 @@ def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[
 
 
 def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
-    """One pass over the pool under torch.profiler: the top operators by device time (inclusive), printed and
+    """The steps under torch.profiler: the top operators by device time (inclusive), printed and
     saved, the top operators by input shape (top_shapes.txt: which matmul of which module runs slow), and the
     top 80 by self time (top_kernels.txt: where the step's device time goes, each kernel counted once)."""
     from torch.profiler import ProfilerActivity, profile
@@ -141,22 +186,54 @@ def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
     shapes = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=40, max_name_column_width=40)
-    # By self time: kernels themselves (nvjet GEMMs, Triton fusions, FlexAttention's templates), each counted once;
-    # the inclusive tables above count a kernel again in every wrapper around it.
+    # By self time: kernels themselves (nvjet GEMMs, Triton fusions, attention kernels), each counted once; the
+    # inclusive tables above count a kernel again in every wrapper around it.
     self_sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     kernels = prof.key_averages().table(sort_by=self_sort, row_limit=80, max_name_column_width=90)
     out.mkdir(parents=True, exist_ok=True)
     (out / "top_ops.txt").write_text(table)
     (out / "top_shapes.txt").write_text(shapes)
     (out / "top_kernels.txt").write_text(kernels)
-    print(table, flush=True)
+    print(kernels, flush=True)
 
 
-def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
+# name -> how the peer trains. chunks: backward chunks a step; logits_to_keep: logits on the suffix only (its
+# positions and one pad column, bench/molmo2_peer.py) instead of every position; use_cache: the forward's
+# use_cache (True is the config's default, which makes a DynamicCache copy every layer's K/V in training too);
+# compiled: each decoder and vision layer under torch.compile(dynamic=True); attention: transformers'
+# attn_implementation.
+PEER = {
+    "defaults-c6": {"chunks": 6, "logits_to_keep": False, "use_cache": True, "compiled": False, "attention": "sdpa"},
+    **{
+        f"keep-c{n}": {"chunks": n, "logits_to_keep": True, "use_cache": False, "compiled": False, "attention": "sdpa"}
+        for n in (6, 3, 2, 1)
+    },
+    **{
+        f"keep-c{n}-compiled": {"chunks": n, "logits_to_keep": True, "use_cache": False, "compiled": True,
+                                "attention": "sdpa"}
+        for n in (3, 2, 1)
+    },  # fmt: skip
+    "keep-c2-flex": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": False,
+                     "attention": "flex_attention"},
+    **{
+        f"keep-c{n}-flex-compiled": {"chunks": n, "logits_to_keep": True, "use_cache": False, "compiled": True,
+                                     "attention": "flex_attention"}
+        for n in (2, 1)
+    },
+    "keep-c2-flash2": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": False,
+                       "attention": "flash_attention_2"},
+}  # fmt: skip
+
+
+def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any]):
+    """transformers' model with our vocabulary, seeded normal(0, 0.02) weights (unit norms, zero biases), the
+    decoder layers and final norm trainable under fused AdamW; its step and the pool in its input layout."""
     from transformers.models import molmo2 as tfm
 
     with torch.device("meta"):
-        model = tfm.Molmo2ForConditionalGeneration(transformers_config(runner.config, attention))
+        model = tfm.Molmo2ForConditionalGeneration(
+            transformers_config(runner.config, peer["attention"], fast_block=True)
+        )
     model.to_empty(device=device)
     with torch.no_grad():
         generator = torch.Generator(device=device).manual_seed(0)
@@ -165,30 +242,46 @@ def peer_runner(runner: Molmo2Runner, device: torch.device, attention: str):
                 p.fill_(1.0 if "norm" in name else 0.0)
             else:
                 p.normal_(0.0, 0.02, generator=generator)
+        # RoPE's frequency tables are buffers computed at construction, which on the meta device computed none
+        for rope in (model.model.language_model.rotary_emb, model.model.language_model.rotary_emb_unscaled):
+            assert rope.rope_type == "default", rope.rope_type  # transformers_config's rope_parameters
+            inv_freq, _ = rope.compute_default_rope_parameters(rope.config)
+            rope.inv_freq.copy_(inv_freq)
+            rope.original_inv_freq.copy_(inv_freq)
     trainable = []
     for name, p in model.named_parameters():
         train = ".layers." in name and "language_model" in name or name.endswith("language_model.norm.weight")
         p.requires_grad_(train)
         if train:
             trainable.append(p)
+    if peer["compiled"]:
+        # room for the pool's shapes before Dynamo would silently run a layer eagerly (the default limit is 8)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        for layer in (*model.model.language_model.layers, *model.model.vision_tower.layers):
+            layer.compile(dynamic=True)
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
-    inputs = [
-        [{k: v.to(device) for k, v in transformers_inputs(chunk, runner.config).items()} for chunk in step.chunks]
-        for step in runner.pool
-    ]
+    steps = []
+    for step in runner.pool:
+        total = sum(int((c.suffix.labels >= 0).sum()) for c in step.chunks)
+        steps.append([
+            ({k: v.to(device) if torch.is_tensor(v) else v
+              for k, v in transformers_inputs(chunk, runner.config, logits_to_keep=peer["logits_to_keep"]).items()},
+             int((chunk.suffix.labels >= 0).sum()) / total)  # the chunk's share of the step's loss tokens
+            for chunk in step.chunks
+        ])  # fmt: skip
     model.train()
+    use_cache = peer["use_cache"]
 
-    def step(chunks):
+    def train_step(chunks):
         optimizer.zero_grad(set_to_none=True)
-        total = sum(int((c["labels"] >= 0).sum()) for c in chunks)
-        for chunk in chunks:
+        for inputs, share in chunks:
             with autocast(device):
-                out = model(**chunk)
-            (out.loss * (int((chunk["labels"] >= 0).sum()) / total)).backward()
+                out = model(**inputs, use_cache=use_cache)
+            (out.loss * share).backward()
         torch.nn.utils.clip_grad_norm_(trainable, 100.0)
         optimizer.step()
 
-    return model, step, inputs
+    return model, train_step, steps
 
 
 ALL_SIX = (
@@ -199,10 +292,30 @@ ALL_SIX = (
     "masked_loss_sums",
     "no_embed_clone",
 )
+# Switches and run-config values a verdict landed: name or (key, value) -> (registration, its verdict's outcome).
+# The baseline's own values (BASELINE_CONFIG, no switch) need no verdict.
+LANDED_SWITCHES = {
+    **{name: ("molmo2-perf-pass1-h200", "land-bundle") for name in ALL_SIX},
+    "vit_fp16_attention": ("molmo2-x2-h200", "land-x2"),
+}
+LANDED_CONFIG = {
+    ("backward_chunks", 1): ("molmo2-fast-h200", "default-fast-path"),
+    ("prefix_attention", "flex"): ("molmo2-fast-h200", "default-fast-path"),
+    ("compile", True): ("molmo2-fast-h200", "default-fast-path"),
+    ("bucket_by_length", True): ("molmo2-fast-h200", "default-fast-path"),
+    ("chunk_by_cameras", True): ("molmo2-fast-same-steps-h200", "default-fast-path-same-steps"),
+    ("pack", True): ("molmo2-pack-h200", "default-pack"),
+    ("pack_one_pass", True): ("molmo2-pack-one-pass-h200", "default-one-pass"),
+    ("pack_attention", "varlen"): ("molmo2-pack-varlen-h200", "default-varlen"),
+    ("pack_attention", "varlen-cudnn"): ("molmo2-pack-cudnn-h200", "default-varlen-cudnn"),
+}
+BASELINE_CONFIG = {"backward_chunks": 6}
+
 FAST = {"prefix_attention": "flex", "compile": True, "bucket_by_length": True}
-# name -> (run config on top of the base, switches). The base is seed 000's: batch 12, cameras {1, 2}, max-crops 1.
+PACKED_ONE_PASS = {"backward_chunks": 1, "compile": True, "pack": True, "pack_one_pass": True}
+# name -> (run config on top of BASE, switches)
 OURS = {
-    "head": ({"backward_chunks": 6}, ()),
+    "baseline": (BASELINE_CONFIG, ()),
     "six": ({"backward_chunks": 6}, ALL_SIX),
     "six+flex": ({"backward_chunks": 6, "prefix_attention": "flex"}, ALL_SIX),
     "six+flex+compile": ({"backward_chunks": 6, "prefix_attention": "flex", "compile": True}, ALL_SIX),
@@ -210,128 +323,41 @@ OURS = {
     "fast-c3": ({"backward_chunks": 3, **FAST}, ALL_SIX),
     "fast-c2": ({"backward_chunks": 2, **FAST}, ALL_SIX),
     "fast-c1": ({"backward_chunks": 1, **FAST}, ALL_SIX),
-    # The fast path on HEAD's own steps (chunk_by_cameras): each step keeps its samples and is cut into chunks by
-    # camera count, so it trains as HEAD does (bucket_by_length's steps regroup the samples: another trajectory)
+    # The fast path on the baseline's own steps (chunk_by_cameras): each step keeps its samples and is cut into
+    # chunks by camera count, so it trains as the baseline does (bucket_by_length's steps regroup the samples)
     "fast-c1-same-steps": (
         {"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
         ALL_SIX,
     ),
-    # ... compiled with automatic dynamic shapes: fewer compilations for HEAD's many chunk shapes (warm-up times
-    # in the row say what it saves); whether its kernels are as fast is the s/step beside fast-c1-same-steps
-    "fast-c1-same-steps-dyn": (
-        {
-            "backward_chunks": 1,
-            "prefix_attention": "flex",
-            "compile": True,
-            "chunk_by_cameras": True,
-            "compile_dynamic": True,
-        },
-        ALL_SIX,
-    ),
-    # X1 on top: the frozen ViT's attention in bf16 (a numerics change: an item with oracles before it lands)
-    "fast-c1-x1": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_bf16_attention")),
-    # X2 on top: the same on fp16 inputs (X1's successor: 3 more bits of mantissa, the same FLASH kernel family)
+    # X2 on top: the frozen ViT's attention on fp16 inputs (FLASH)
     "fast-c1-x2": ({"backward_chunks": 1, **FAST}, (*ALL_SIX, "vit_fp16_attention")),
-    # ... and the suffix's attention on FlexAttention too (its dense mask runs SDPA's MATH: 35 ms a step)
-    "fast-c1-x2-sflex": ({"backward_chunks": 1, **FAST, "suffix_attention": "flex"}, (*ALL_SIX, "vit_fp16_attention")),
     "fast-c1-same-steps-x2": (
         {"backward_chunks": 1, "prefix_attention": "flex", "compile": True, "chunk_by_cameras": True},
         (*ALL_SIX, "vit_fp16_attention"),
     ),
-    # HEAD's steps packed (packing.py): each step's 12 samples end to end in one chunk, no compute on padding and
-    # no gradient accumulation; both attentions on FlexAttention (dense masks over a packed row of ~12k tokens
-    # would not fit)
-    "packed-x2": (
-        {"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
+    # The baseline's steps packed (packing.py), each step's 12 samples end to end, prefix and suffix rows joined
+    # through every block but the last (pack_one_pass), the attention as varlen segments on FlashAttention-2 or
+    # on cuDNN's fused SDPA (pack_attention)
+    "packed-varlen-one-pass-x2": ({**PACKED_ONE_PASS, "pack_attention": "varlen"}, (*ALL_SIX, "vit_fp16_attention")),
+    "packed-varlen-cudnn-one-pass-x2": (
+        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention"),
     ),
-    # X3 (the pooling attention as fp32 arithmetic) and X4 (the clip folded into the fused AdamW) on top: numerics
-    # items, each with its CPU tests; landing them is a ladder's question
-    "fast-c1-x2-sflex-x34": (
-        {"backward_chunks": 1, **FAST, "suffix_attention": "flex"},
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    "packed-x2-x34": (
-        {"backward_chunks": 1, "prefix_attention": "flex", "suffix_attention": "flex", "compile": True, "pack": True},
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    # ... its packed rows whole FlexAttention tiles (pack_multiple 128): no bounds checks in the attention kernels,
-    # for at most 127 tail tokens a row
-    # ... attending on one row per sample, gathered from the packed row and back (pack_attention "rows"): the
-    # padded chunk's attention cost, the packed chunk's matmuls
-    "packed-rows-x2-x34": (
-        {
-            "backward_chunks": 1,
-            "prefix_attention": "flex",
-            "suffix_attention": "flex",
-            "compile": True,
-            "pack": True,
-            "pack_attention": "rows",
-        },
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    # ... the prefix and suffix rows joined through every block but the last (pack_one_pass): one matmul per weight
-    # a layer, one cast, no gradient accumulation; and with the attention on per-sample rows too
-    "packed-one-pass-x2-x34": (
-        {
-            "backward_chunks": 1,
-            "prefix_attention": "flex",
-            "suffix_attention": "flex",
-            "compile": True,
-            "pack": True,
-            "pack_one_pass": True,
-        },
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    "packed-rows-one-pass-x2-x34": (
-        {
-            "backward_chunks": 1,
-            "prefix_attention": "flex",
-            "suffix_attention": "flex",
-            "compile": True,
-            "pack": True,
-            "pack_attention": "rows",
-            "pack_one_pass": True,
-        },
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    "packed-x2-x34-128": (
-        {
-            "backward_chunks": 1,
-            "prefix_attention": "flex",
-            "suffix_attention": "flex",
-            "compile": True,
-            "pack": True,
-            "pack_multiple": 128,
-        },
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    # ... the packed rows' attention as FlashAttention varlen calls on segments (pack_attention "varlen"), in two
-    # passes and in one
-    "packed-varlen-x2-x34": (
-        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen"},
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    "packed-varlen-one-pass-x2-x34": (
-        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen", "pack_one_pass": True},
-        (*ALL_SIX, "vit_fp16_attention", "pool_fp32_math", "clip_in_adamw"),
-    ),
-    # ... X3 out (it failed its one-step loss oracle at 4B: molmo2-x34-h200), and the varlen segments on cuDNN's SDPA
-    # (pack_attention "varlen-cudnn") beside FlashAttention-2's
+    # ... with X4 (the clip folded into the fused AdamW), which molmo2-x34-h200 parked: not landed
     "packed-varlen-one-pass-x2-x4": (
-        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen", "pack_one_pass": True},
+        {**PACKED_ONE_PASS, "pack_attention": "varlen"},
         (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
     ),
-    # ... and with only what landed (X4 passed its oracle but molmo2-x34-h200 parked it with X3): the S-bundle, X2
-    "packed-varlen-cudnn-one-pass-x2": (
-        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn", "pack_one_pass": True},
-        (*ALL_SIX, "vit_fp16_attention"),
-    ),
     "packed-varlen-cudnn-one-pass-x2-x4": (
-        {"backward_chunks": 1, "compile": True, "pack": True, "pack_attention": "varlen-cudnn", "pack_one_pass": True},
+        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
     ),
 }
+
+
+def landed_only(config: dict[str, Any], switches: tuple[str, ...]) -> bool:
+    values = all(BASELINE_CONFIG.get(key) == value or (key, value) in LANDED_CONFIG for key, value in config.items())
+    return values and all(name in LANDED_SWITCHES for name in switches)
 
 
 def peak_gib(device: torch.device) -> float | None:
@@ -339,37 +365,76 @@ def peak_gib(device: torch.device) -> float | None:
 
 
 def release(device: torch.device) -> None:
+    """Between rows: no compiled graph, cached block, peak or allocator retry count of one row reaches the next."""
+    gc.collect()
+    torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()
+
+
+def failure(error: BaseException) -> str:
+    """The row's error: the exception's first line; its traceback goes to stderr, the run's log."""
+    traceback.print_exception(error, file=sys.stderr)
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def sequence_lengths(runner: Molmo2Runner) -> dict[str, Any]:
+    """Real tokens per sample over the pool (the same samples for every row), and the crops."""
+    prefix = [n for s in runner.pool for c in s.chunks for n in c.prefix.attention_mask.sum(1).tolist()]
+    suffix = [n for s in runner.pool for c in s.chunks for n in c.suffix.attention_mask.sum(1).tolist()]
+    crops = sum(c.prefix.pixel_values.shape[0] for s in runner.pool for c in s.chunks)
+    spread = lambda xs: {"min": min(xs), "mean": statistics.fmean(xs), "max": max(xs)}  # noqa: E731
+    return {"samples": len(prefix), "pool_steps": len(runner.pool), "prefix_real": spread(prefix),
+            "suffix_real": spread(suffix), "crops": crops, "loss_tokens_per_step": statistics.fmean(
+                s.loss_tokens for s in runner.pool)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", default="h200-4b", choices=sorted(PROFILES))
-    parser.add_argument("--batch", type=int, default=12)
-    parser.add_argument("--ours", default="head,fast-c2", help=f"comma-separated, from {sorted(OURS)}")
-    parser.add_argument("--peer-chunks", default="6", help="comma-separated chunk counts for the peer ('' for none)")
+    parser.add_argument("--batch", type=int, default=BASE["batch"])
     parser.add_argument(
-        "--warmup", type=int, default=4, help="warm-up steps (a compiled run compiles each new shape here)"
+        "--ours", default="packed-varlen-cudnn-one-pass-x2", help=f"comma-separated, from {sorted(OURS)}"
     )
+    parser.add_argument(
+        "--peer", default="defaults-c6,keep-c2", help=f"comma-separated ('' for none), from {sorted(PEER)}"
+    )
+    parser.add_argument(
+        "--name", required=True, help="what the run measures: the JSON is peer_molmo2_PROFILE_NAME.json"
+    )
+    parser.add_argument("--warmup", type=int, default=4, help="warm-up steps (a compiled run compiles here)")
     parser.add_argument("--cycles", type=int, default=3, help="timed passes over the 4-step pool (3 = 12 timed steps)")
-    parser.add_argument("--peer-attention", default="sdpa")
-    parser.add_argument(
-        "--profile-arm", default="", help="one of --ours to run under torch.profiler for a pool pass after timing"
-    )
+    parser.add_argument("--profile-arm", default="", help="one of --ours to run under torch.profiler after its timing")
+    parser.add_argument("--profile-steps", type=int, default=0, help="steps profiled (default 0: one pass of the pool)")
     parser.add_argument("--peer-last", action="store_true", help="time the peer after our arms (default: first)")
+    parser.add_argument("--alongside", default="", help="what else ran on the host meanwhile (for the conditions)")
     parser.add_argument(
-        "--alongside", default="", help="what else ran on the host meanwhile (recorded in the conditions)"
+        "--compile-cache",
+        default="cold: this process compiles every graph in its warm-up steps",
+        help="the state of inductor's on-disk cache at the start (for the conditions)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = parser.parse_args()
-    unknown = set(args.ours.split(",")) - set(OURS)
-    if unknown:
-        raise SystemExit(f"--ours: unknown {sorted(unknown)}; allowed: {sorted(OURS)}")
+    ours_names = [n for n in args.ours.split(",") if n]
+    peer_names = [n for n in args.peer.split(",") if n]
+    for flag, names, allowed in (("--ours", ours_names, OURS), ("--peer", peer_names, PEER)):
+        unknown = sorted(set(names) - set(allowed))
+        if unknown:
+            parser.error(f"{flag}: unknown {unknown}; allowed: {sorted(allowed)}")
+    chunks = {f"--ours {n}": OURS[n][0].get("backward_chunks", 1) for n in ours_names}
+    chunks |= {f"--peer {n}": PEER[n]["chunks"] for n in peer_names}
+    for what, n in chunks.items():
+        if args.batch % n:
+            parser.error(f"{what}: {n} backward chunks do not split --batch {args.batch}; give a multiple of {n}")
+    if args.profile_arm and args.profile_arm not in ours_names:
+        parser.error(f"--profile-arm {args.profile_arm!r} is not among --ours {ours_names}")
 
     profile = PROFILES[args.profile]
     device = torch.device("cuda" if profile.device == "cuda" else "cpu")
+    base = BASE | {"batch": args.batch}
     ceiling = matmul_ceiling(device)
     import transformers
 
@@ -379,128 +444,147 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "transformers": transformers.__version__,
-        "batch": args.batch,
-        "camera_counts": [1, 2],
-        "max_crops": 1,
-        "warmup": args.warmup,
-        "timed_steps": None,
         "dtype": "fp32 master weights, bf16 autocast, fused AdamW"
         if device.type == "cuda"
         else "fp32 (no autocast on a CPU), AdamW",
-        "peer_attention": args.peer_attention,
+        **base,
+        "sequence_lengths": None,
+        "warmup": args.warmup,
+        "cycles": args.cycles,
+        "timed_steps": None,
         "bf16_matmul_tflops": ceiling / 1e12 if ceiling else None,
-        "s_per_step": "mean over whole passes of the pool (every arm sees the same pool of samples); median beside it",
+        "ceiling": "8192^3 bf16 matmul on random data, median of 10 after 3 warm-ups, before any row",
+        "s_per_step": "mean over whole passes of the pool (every row sees the same samples); median beside it",
+        "flops": "model FLOPs on real tokens (chunk_flops): the same count for every row",
         "order": "peer last" if args.peer_last else "peer first",
         "alongside": args.alongside or None,
+        "compile_cache": args.compile_cache,
     }
     rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / f"peer_molmo2_{args.profile}_{args.name}.json"
 
-    def record(name: str, runner: Molmo2Runner, times, peak, load_s: float, error: str | None = None):
-        warm, times = times if times else (None, None)
+    def record(row: dict[str, Any], runner: Molmo2Runner | None, times, padded: float | None, load_s: float | None,
+               error: str | None):  # fmt: skip
+        warm, timed = times if times else (None, None)
         retries = torch.cuda.memory_stats().get("num_alloc_retries") if device.type == "cuda" else None
-        row = {
-            "name": name,
-            "load_s": load_s,
-            "peak_gib": peak,
-            "alloc_retries": retries,
-            "error": error,
-            "warmup_times": warm,
-            "times": times,
-        }
-        if times:
+        row |= {"load_s": load_s, "peak_gib": peak_gib(device), "alloc_retries": retries, "error": error,
+                "warmup_times": warm, "times": timed, "s_per_step": None, "median_s": None, "tokens_per_s": None,
+                "padding": None, "flops_per_step": None, "mfu": None}  # fmt: skip
+        if timed:
             flops = step_flops(runner)
-            mean = statistics.fmean(times)
+            mean = statistics.fmean(timed)
             tokens = statistics.fmean(step.useful_tokens for step in runner.pool)
-            padded = statistics.fmean(
-                sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks)
-                for step in runner.pool
-            )
             row |= {
                 "s_per_step": mean,
-                "median_s": statistics.median(times),
+                "median_s": statistics.median(timed),
                 "tokens_per_s": tokens / mean,
                 "padding": 1 - tokens / padded,
                 "flops_per_step": flops,
                 "mfu": flops / mean / ceiling if ceiling else None,
             }
+        if conditions["sequence_lengths"] is None and hasattr(runner, "pool"):
+            conditions["sequence_lengths"] = sequence_lengths(runner)
+            conditions["timed_steps"] = args.cycles * len(runner.pool)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        # after every row: a run stopped at its time limit keeps the rows it finished
+        report.write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
+
+    def timed(step_fn: Callable, steps) -> tuple[list[float], list[float]]:
+        return time_steps(step_fn, steps, args.warmup, args.cycles * len(steps), device)
 
     def time_ours(name: str) -> None:
         extra, switches = OURS[name]
+        row = {"name": f"ours {name}", "kind": "ours", "landed_only": landed_only(extra, switches),
+               "config": extra, "switches": list(switches), "peer_config": None}  # fmt: skip
         start = time.perf_counter()
-        raw = {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, **extra}
-        runner = Molmo2Runner(profile, arm_config(profile, raw), seed=0)
-        runner.load()
-        runner.set_switches(switches)
-        load_s = time.perf_counter() - start
-        release(device)
-        steps = args.cycles * len(runner.pool)
-        conditions["timed_steps"] = steps
+        runner = load_s = times = None
         try:
-            times = time_steps(lambda step: runner.trainer.step(step), runner.pool, args.warmup, steps, device)
-            record(f"ours {name}", runner, times, peak_gib(device), load_s)
-            if name == args.profile_arm:
-                profile_pass(
-                    lambda step: runner.trainer.step(step), runner.pool, device, Path(args.out) / f"profile_{name}"
-                )
-        except torch.OutOfMemoryError as error:
-            record(
-                f"ours {name}",
-                runner,
-                None,
-                peak_gib(device),
-                load_s,
-                f"OutOfMemoryError: {str(error).splitlines()[0]}",
-            )
+            runner = Molmo2Runner(profile, arm_config(profile, base | extra), seed=0)
+            runner.load()
+            runner.set_switches(switches)
+            load_s = time.perf_counter() - start
+            release(device)
+            times, error = timed(runner.trainer.step, runner.pool), None
+        except Exception as caught:  # a row records why the configuration failed, whatever failed
+            error = failure(caught)
+        padded = times and statistics.fmean(
+            sum(c.prefix.input_ids.numel() + c.suffix.input_ids.numel() for c in step.chunks) for step in runner.pool
+        )
+        record(row, runner, times, padded, load_s, error)
+        if error is None and name == args.profile_arm:
+            profiled = runner.pool[: args.profile_steps] if args.profile_steps else runner.pool
+            profile_pass(runner.trainer.step, profiled, device, Path(args.out) / f"profile_{name}")
         del runner
         release(device)
 
-    def time_peer(chunks: int) -> None:
+    data_runners: dict[int, Molmo2Runner] = {}  # the peer's pools by chunk count: its inputs, our collation
+
+    def time_peer(name: str) -> None:
+        peer = PEER[name]
+        row = {"name": f"transformers {transformers.__version__} Molmo2 {name}", "kind": "peer", "landed_only": None,
+               "config": None, "switches": None, "peer_config": peer}  # fmt: skip
         start = time.perf_counter()
-        raw = {"batch": args.batch, "camera_counts": [1, 2], "max_crops": 1, "backward_chunks": chunks}
-        runner = Molmo2Runner(profile, arm_config(profile, raw), seed=0)
-        runner.load_data()  # the same pool as our unbucketed arms; the peer builds its own model
-        name = f"transformers {transformers.__version__} Molmo2 ({args.peer_attention}, {chunks} chunks)"
-        model, step, inputs = peer_runner(runner, device, args.peer_attention)
-        load_s = time.perf_counter() - start
-        release(device)
+        if peer["chunks"] not in data_runners:
+            runner = Molmo2Runner(profile, arm_config(profile, base | {"backward_chunks": peer["chunks"]}), seed=0)
+            runner.load_data()
+            data_runners[peer["chunks"]] = runner
+        runner = data_runners[peer["chunks"]]
+        model = train_step = steps = load_s = times = None
         try:
-            times = time_steps(step, inputs, args.warmup, args.cycles * len(inputs), device)
-            record(name, runner, times, peak_gib(device), load_s)
-        except torch.OutOfMemoryError as error:
-            record(name, runner, None, peak_gib(device), load_s, f"OutOfMemoryError: {str(error).splitlines()[0]}")
-        del model, step, inputs
+            model, train_step, steps = peer_trainer(runner, device, peer)
+            load_s = time.perf_counter() - start
+            release(device)
+            times, error = timed(train_step, steps), None
+        except Exception as caught:  # a row records why the configuration failed, whatever failed
+            error = failure(caught)
+        # the peer's layout adds one pad column a row
+        padded = times and statistics.fmean(
+            sum(
+                c.prefix.input_ids.numel() + c.suffix.input_ids.numel() + c.suffix.input_ids.shape[0]
+                for c in step.chunks
+            )
+            for step in runner.pool
+        )
+        record(row, runner, times, padded, load_s, error)
+        del model, train_step, steps
         release(device)
 
-    # The peer first (unless --peer-last): the reference row and the cheapest; each row is printed as it completes,
-    # so a call cut short by its time limit still has the peer beside whatever of ours it reached.
-    peer_chunks = [int(c) for c in args.peer_chunks.split(",") if c]
-    for chunks in [] if args.peer_last else peer_chunks:
-        time_peer(chunks)
-    for name in args.ours.split(","):
+    # The peer first (unless --peer-last); each row is printed as it completes, so a call cut short by its time
+    # limit still has the rows it reached. Rows share the process, and on the H200 the peer's rows ran 12-18% slower
+    # after one of our arms than before it (the same configurations, peer first against peer last:
+    # bench/results/peer_molmo2_h200-4b_landed-vs-peer-*.json), ours within 3% either way: the peer's numbers are
+    # those of a run where it goes first.
+    for name in [] if args.peer_last else peer_names:
+        time_peer(name)
+    for name in ours_names:
         time_ours(name)
-    for chunks in peer_chunks if args.peer_last else []:
-        time_peer(chunks)
+    for name in peer_names if args.peer_last else []:
+        time_peer(name)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"peer_molmo2_{args.profile}.json").write_text(
-        json.dumps({"conditions": conditions, "rows": rows}, indent=1)
-    )
-    print("\nconditions: " + json.dumps(conditions))
-    peer = next((r for r in rows if r["name"].startswith("transformers") and r.get("s_per_step")), None)
-    print(f"\n{'':52} {'s/step':>7} {'median':>7} {'tok/s':>7} {'pad':>5} {'MFU':>6} {'peak GiB':>8} {'vs peer':>7}")
+    print(f"\nconditions: {json.dumps(conditions)}\nwritten: {report}")
+    print_table(rows)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The rows, each against the peer's defaults and the fastest peer row of the same run."""
+    peers = [r for r in rows if r["kind"] == "peer" and r["s_per_step"]]
+    defaults = next((r for r in peers if not r["peer_config"]["logits_to_keep"]), None)
+    best = min(peers, key=lambda r: r["s_per_step"], default=None)
+    print(f"\n{'':58} {'s/step':>7} {'median':>7} {'tok/s':>7} {'pad':>5} {'MFU':>6} {'peak GiB':>8} "
+          f"{'vs peer defaults':>16} {'vs best peer':>12} landed")  # fmt: skip
     for row in rows:
-        if not row.get("s_per_step"):
-            print(f"{row['name']:52} {row['error']}")
+        if not row["s_per_step"]:
+            print(f"{row['name']:58} {row['error']}")
             continue
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "—"
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "—"
-        ratio = f"{peer['s_per_step'] / row['s_per_step']:.2f}x" if peer else "—"
-        print(
-            f"{row['name']:52} {row['s_per_step']:7.3f} {row['median_s']:7.3f} {row['tokens_per_s']:7.0f} {row['padding']:5.1%} {mfu:>6} {peak:>8} {ratio:>7}"
-        )
+        against = [f"{r['s_per_step'] / row['s_per_step']:.2f}x" if r else "—" for r in (defaults, best)]
+        landed = {True: "yes", False: "no", None: ""}[row["landed_only"]]
+        print(f"{row['name']:58} {row['s_per_step']:7.3f} {row['median_s']:7.3f} {row['tokens_per_s']:7.0f} "
+              f"{row['padding']:5.1%} {mfu:>6} {peak:>8} {against[0]:>16} {against[1]:>12} {landed}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,45 +1,116 @@
 """bench/peer_molmo2.py end to end at the tiny geometry on the CPU: our arms and transformers' Molmo2 in one run,
-every row with the numbers the README's table prints, and the conditions a reader needs to judge them. No
-timing is asserted (timings belong in benchmarks): this keeps the H200 benchmark from rotting between GPU runs."""
+every row with the numbers the README's table prints, and the conditions a reader needs to judge them; its FLOP
+count against a hand count; its landed tables against the ledger. No timing is asserted (timings belong in
+benchmarks): this keeps the H200 benchmark from rotting between GPU runs."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import REPO
+from molmo2_fixtures import make_runner
 
-CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "batch", "camera_counts", "max_crops", "warmup",
-              "timed_steps", "dtype", "peer_attention", "bf16_matmul_tflops", "s_per_step", "order", "alongside"}  # fmt: skip
-ROW = {"name", "load_s", "peak_gib", "error", "warmup_times", "times", "s_per_step", "median_s", "tokens_per_s",
-       "padding", "flops_per_step", "mfu"}  # fmt: skip
+CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "dtype", "batch", "camera_counts", "max_crops",
+              "sequence_lengths", "warmup", "cycles", "timed_steps", "bf16_matmul_tflops", "ceiling", "s_per_step",
+              "flops", "order", "alongside", "compile_cache"}  # fmt: skip
+ROW = {"name", "kind", "landed_only", "config", "switches", "peer_config", "load_s", "peak_gib", "alloc_retries",
+       "error", "warmup_times", "times", "s_per_step", "median_s", "tokens_per_s", "padding", "flops_per_step",
+       "mfu"}  # fmt: skip
+PEER_CONFIG = {"chunks", "logits_to_keep", "use_cache", "compiled", "attention"}
 
 
-def test_the_peer_benchmark_runs_both_sides_and_states_its_conditions(tmp_path):
-    # batch 6: HEAD's six backward chunks of one sample each, half the CPU time of the default 12
-    command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--batch", "6", "--ours", "head,six", "--peer-chunks", "2",
-               "--warmup", "1", "--cycles", "1", "--peer-last", "--alongside", "nothing", "--profile-arm", "six",
+def test_the_peer_benchmark_runs_both_sides_every_peer_configuration_a_row(tmp_path):
+    """Ours, the peer with logits on the suffix only, and a peer attention that cannot run here (transformers
+    refuses flash_attention_2 for Molmo2, or flash-attn is missing): a row with its error. (The peer's defaults
+    differ in its inputs' layout, which tests/test_peer_loss.py covers, and in use_cache.)"""
+    # batch 6: the baseline's six backward chunks of one sample each, half the CPU time of the default 12
+    command = [sys.executable, "bench/peer_molmo2.py", "--profile", "cpu-tiny", "--batch", "6", "--ours", "baseline",
+               "--peer", "keep-c2,keep-c2-flash2", "--name", "harness", "--warmup", "1", "--cycles", "1",
+               "--peer-last", "--alongside", "nothing", "--profile-arm", "baseline", "--profile-steps", "2",
                "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "peer_molmo2_cpu-tiny.json").read_text())
-    assert CONDITIONS <= set(report["conditions"]) and report["conditions"]["batch"] == 6
-    assert report["conditions"]["order"] == "peer last" and report["conditions"]["alongside"] == "nothing"
-    assert report["conditions"]["dtype"].startswith("fp32 (no autocast")  # the CPU trains in fp32: said so
-    names = [row["name"] for row in report["rows"]]
-    assert names[:2] == ["ours head", "ours six"] and names[2].startswith("transformers ") and len(names) == 3
-    for row in report["rows"]:
-        assert ROW <= set(row) and row["error"] is None
-        assert len(row["times"]) == report["conditions"]["timed_steps"]
+    report = json.loads((tmp_path / "peer_molmo2_cpu-tiny_harness.json").read_text())
+    conditions = report["conditions"]
+    assert CONDITIONS <= set(conditions) and conditions["batch"] == 6
+    assert conditions["order"] == "peer last" and conditions["alongside"] == "nothing"
+    assert conditions["dtype"].startswith("fp32 (no autocast")  # the CPU trains in fp32: said so
+    lengths = conditions["sequence_lengths"]
+    assert lengths["samples"] == 6 * lengths["pool_steps"] and lengths["prefix_real"]["min"] > 0
+    ours, *peers = report["rows"]
+    assert ours["name"] == "ours baseline" and ours["kind"] == "ours" and ours["landed_only"] is True
+    assert [p["kind"] for p in peers] == ["peer"] * 2 and all(p["landed_only"] is None for p in peers)
+    assert all(ROW <= set(row) for row in report["rows"])
+    for row in (ours, peers[0]):
+        assert row["error"] is None and len(row["times"]) == conditions["timed_steps"]
         assert row["s_per_step"] > 0 and row["flops_per_step"] > 0 and 0 <= row["padding"] < 1
-    assert "vs peer" in result.stdout  # the printed table compares against the peer of the same run
-    assert "aten::mm" in (tmp_path / "profile_six" / "top_ops.txt").read_text()
-    assert "Input Shapes" in (tmp_path / "profile_six" / "top_shapes.txt").read_text()
-    by_self = (tmp_path / "profile_six" / "top_kernels.txt").read_text()
+    keep, flash = peers
+    assert PEER_CONFIG == set(keep["peer_config"]) and keep["peer_config"]["chunks"] == 2
+    assert keep["peer_config"]["logits_to_keep"] and not keep["peer_config"]["use_cache"]
+    assert keep["flops_per_step"] == ours["flops_per_step"]  # one count for every row
+    assert flash["s_per_step"] is None and flash["times"] is None and "Flash" in flash["error"], flash["error"]
+    assert "vs best peer" in result.stdout and "vs peer defaults" in result.stdout
+    assert "aten::mm" in (tmp_path / "profile_baseline" / "top_ops.txt").read_text()
+    assert "Input Shapes" in (tmp_path / "profile_baseline" / "top_shapes.txt").read_text()
+    by_self = (tmp_path / "profile_baseline" / "top_kernels.txt").read_text()
     assert by_self.index("Self CPU") < by_self.index("aten::mm")  # sorted by self time, the matmuls among the top
+
+
+def test_the_peer_built_on_the_meta_device_has_transformers_own_rope_tables():
+    """RoPE's frequency tables are buffers computed at construction: the benchmark's meta-device build computes
+    them again on the device."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from molmo2_peer import transformers_config
+    from peer_molmo2 import PEER, peer_trainer
+    from transformers.models import molmo2 as tfm
+
+    runner = make_runner(batch=2, backward_chunks=2)
+    runner.load_data()
+    model, _, steps = peer_trainer(runner, torch.device("cpu"), PEER["keep-c2"])
+    reference = tfm.Molmo2ForConditionalGeneration(transformers_config(runner.config, "sdpa", fast_block=True))
+    buffers = dict(model.named_buffers())
+    assert buffers.keys() == dict(reference.named_buffers()).keys()
+    assert all(torch.equal(buffers[name], b) for name, b in reference.named_buffers())
+    assert len(steps) == len(runner.pool) and sum(share for _, share in steps[0]) == pytest.approx(1.0)
+
+
+def test_the_flop_count_is_the_hand_count_at_the_tiny_geometry():
+    """Two samples, each one single-crop image (3x3 patches, pooled 2x2 into 4 tokens over 9 valid slots) between
+    two text tokens and a prompt: sample 1 has 4 prompt tokens and a suffix of 2 aux + 3 FAST + end, sample 2 has
+    2 prompt tokens (left-padded by 2) and 1 aux + 2 FAST + end (right-padded by 2). The tiny geometry: hidden 64,
+    2 layers, 4 heads and 2 KV heads of 16, MLP 128, vocabulary 320 + FAST 48; ViT 32 wide, MLP 64, 3 stored
+    blocks of 2 heads of 16, 14x14x3 patches; pooling 64 -> 2 heads of 16 -> 32, projector 32 -> 96 -> 64."""
+    from molmo2_fixtures import Row, make_batch, tiny_config
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from peer_molmo2 import attention_pairs, chunk_flops
+
+    batch = make_batch(tiny_config(), [Row(images=1, text=4, aux=2, fast=3), Row(images=1, text=2, aux=1, fast=2)])
+    # real tokens: prefixes 2 + 8 + 4 = 14 and 2 + 8 + 2 = 12 (an image crop is start, 2 x (2 patches + col),
+    # end); suffixes 6 and 4, whose last positions carry no label here (molmo2_fixtures): 5 + 3 loss tokens
+    prefix_tokens, suffix_tokens, loss_tokens = 14 + 12, 6 + 4, 5 + 3
+    # prefix pairs: causal over the real tokens, plus each image token seeing the 7 x 8 / 2 later ones of its crop
+    prefix_pairs = (14 * 15 // 2 + 28) + (12 * 13 // 2 + 28)
+    # suffix pairs: every real prefix key, then causally
+    suffix_pairs = (6 * 14 + 6 * 7 // 2) + (4 * 12 + 4 * 5 // 2)
+    assert attention_pairs(batch) == (prefix_pairs, suffix_pairs)
+
+    block = 64 * (64 + 2 * 32) + 64 * 64 + 64 * 2 * 128 + 128 * 64  # att_proj (q, k, v), attn_out, ff_proj, ff_out
+    last_prefix_block = 64 * 2 * 32  # keys and values only
+    decoder = 6 * (suffix_tokens * 2 * block + prefix_tokens * (block + last_prefix_block))
+    attention = 12 * 4 * 16 * (prefix_pairs + 2 * suffix_pairs)  # the prefix's pairs skip the last block
+    head = 4 * 64 * 320 * loss_tokens + 6 * 64 * 48 * loss_tokens  # frozen lm_head (no weight gradient), FAST head
+    crops, patches, pooled, slots = 2, 9, 4 * 2, 9 * 2
+    vit = crops * patches * (588 * 32 + 3 * (4 * 32 * 32 + 2 * 32 * 64))  # patch embedding, 3 blocks
+    adapter = pooled * (64 * 32 + 32 * 32 + 2 * 32 * 96 + 96 * 64) + slots * 2 * 64 * 32  # q, o, projector; k, v
+    vision = 2 * (vit + adapter) + 4 * 2 * 16 * 3 * crops * patches**2 + 4 * 2 * 16 * slots  # forward only
+    assert chunk_flops(tiny_config(), batch) == decoder + attention + head + vision
 
 
 def test_attention_pairs_count_the_image_block_and_no_padding():
@@ -54,20 +125,48 @@ def test_attention_pairs_count_the_image_block_and_no_padding():
         attention_mask=torch.tensor([[1, 1, 1, 0]]), mm_token_type_ids=torch.tensor([[0, 1, 1, 0]])
     )
     suffix = SimpleNamespace(attention_mask=torch.tensor([[1, 1, 0]]))
-    assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix, packing=None)) == 16
+    assert attention_pairs(SimpleNamespace(prefix=prefix, suffix=suffix, packing=None)) == (7, 9)
 
 
-def test_a_packed_chunk_counts_the_pairs_of_its_padded_self():
+def test_a_packed_chunk_counts_the_pairs_and_flops_of_its_padded_self():
     """Packing moves tokens, not work: the same pairs as the padded chunk, none across samples."""
     sys.path.insert(0, str(REPO / "bench"))
     from molmo2_fixtures import make_batch, tiny_config
-    from peer_molmo2 import attention_pairs
+    from peer_molmo2 import attention_pairs, chunk_flops
     from test_molmo2_execution import MORE_ROWS
 
     from engine.molmo2.attention.packing import pack
 
     padded = make_batch(tiny_config(), MORE_ROWS, seed=13)
-    assert attention_pairs(pack(padded, (16, 16))) == attention_pairs(padded) > 0
+    assert attention_pairs(pack(padded, (16, 16))) == attention_pairs(padded) and min(attention_pairs(padded)) > 0
+    assert chunk_flops(tiny_config(), pack(padded, (16, 16))) == chunk_flops(tiny_config(), padded)
+
+
+def test_landed_only_arms_use_only_what_the_ledgers_verdicts_landed(tmp_path):
+    """Each entry of the benchmark's landed tables is a verdict in the ledger (a copy: tests never write it): the
+    registration's outcome, and for a switch its item among the landed ones. X4 (clip_in_adamw) was parked."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from peer_molmo2 import LANDED_CONFIG, LANDED_SWITCHES, OURS, landed_only
+
+    from prereg.audit import audit_show
+    from prereg.ledger import Ledger
+    from prereg.state import load_state
+
+    shutil.copy(REPO / "ledger.db", tmp_path / "ledger.db")
+    ledger = Ledger.open(str(tmp_path / "ledger.db"), create=False)
+    try:
+        for registration, outcome in set(LANDED_CONFIG.values()) | set(LANDED_SWITCHES.values()):
+            assert audit_show(ledger, registration)["verdict"]["outcome"] == outcome, registration
+        for switch, (registration, _) in LANDED_SWITCHES.items():
+            items = {item["switch"]: item["id"] for item in load_state(ledger, registration).document["items"]}
+            assert items[switch] in audit_show(ledger, registration)["verdict"]["land"], switch
+        assert "X4" in audit_show(ledger, "molmo2-x34-h200")["verdict"]["park"]
+    finally:
+        ledger.close()
+    assert "clip_in_adamw" not in LANDED_SWITCHES
+    landed = {name for name, (config, switches) in OURS.items() if landed_only(config, switches)}
+    assert {"baseline", "fast-c1", "packed-varlen-cudnn-one-pass-x2"} <= landed
+    assert not landed & {"packed-varlen-cudnn-one-pass-x2-x4", "fast-c2"}  # X4; 2 chunks were never a landed rung
 
 
 def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_peers(tmp_path):
@@ -78,8 +177,8 @@ def test_the_flex_benchmark_counts_the_masks_allowed_pairs_and_times_its_sdpa_pe
 
     causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]  # 10 allowed pairs
     assert attention_flops(causal, heads=2, head_dim=8) == (4 * 10 * 2 * 8, 10 * 10 * 2 * 8)
-    command = [sys.executable, "bench/flex_configs.py", "--profile", "cpu-tiny", "--configs", "default", "--warmup", "1",
-               "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
+    command = [sys.executable, "bench/flex_configs.py", "--profile", "cpu-tiny", "--configs", "default",
+               "--warmup", "1", "--repeats", "1", "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "flex_configs_cpu-tiny.json").read_text())
