@@ -114,10 +114,21 @@ def verb(as_json: bool) -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def open_ledger(option: str | None, *, create: bool = False):
+def open_ledger(option: str | None, *, create: bool = False, reconcile: bool = True):
+    """The ledger, with every run whose process is gone recorded `interrupted` first (engine/reconcile.py): no
+    verb reads a run as running once its process is gone. Verification and export read the entries as stored."""
     from prereg.ledger import Ledger
 
-    return Ledger.open(ledger_url(option), create=create)
+    store = Ledger.open(ledger_url(option), create=create)
+    if reconcile:
+        from engine.reconcile import reconcile as reconcile_runs
+
+        try:
+            reconcile_runs(store)
+        except BaseException:
+            store.close()
+            raise
+    return store
 
 
 def emit(as_json: bool, payload: dict[str, Any]) -> bool:
@@ -148,12 +159,14 @@ def fmt(value: Any) -> str:
 def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate a registration and print the resolved plan; writes nothing."""
     del ledger  # every verb takes --ledger (DESIGN.md); check reads no ledger, so scripts may pass it anyway
+    from prereg.actions import source_hashes
     from prereg.documents import document_hash, load_registration
     from prereg.pairing import refuse_unpaired
 
     with verb(as_json):
         reg, _ = load_registration(file)
         refuse_unpaired(reg, str(file))
+        source_hashes(reg, file)  # a source the workload names must exist (hashed at freeze)
         payload = {
             "id": reg.id,
             "doc_hash": document_hash(reg),
@@ -170,14 +183,45 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
 
 
 @app.command()
+def new(
+    file: Path,
+    workload: str = typer.Option("command", "--workload", help="the workload the registration governs"),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Write a commented registration to start from; `check` accepts it once its blanks are filled."""
+    del ledger  # every verb takes --ledger; new writes only FILE
+    from prereg.errors import InvalidInput
+    from prereg.template import TEMPLATES, blanks
+
+    with verb(as_json):
+        if workload not in TEMPLATES:
+            raise InvalidInput(
+                f"--workload {workload!r}: no template for it; templates exist for {sorted(TEMPLATES)}",
+                fix="pass --workload command, or copy a registration of that workload from registrations/",
+            )
+        if file.exists():
+            raise InvalidInput("the file exists; new never overwrites", where=str(file), fix="pass a new path")
+        text = TEMPLATES[workload]
+        file.write_text(text, encoding="utf-8")
+        payload = {"file": str(file), "workload": workload, "blanks": blanks(text)}
+        if emit(as_json, payload):
+            return
+        out.print(
+            f"wrote {esc(file)}: fill in its {len(payload['blanks'])} blanks (FILL), then `prereg check {esc(file)}`"
+        )
+
+
+@app.command()
 def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate and freeze a registration; prints id, document hash, ledger head."""
-    from prereg.actions import freeze_registration
+    from prereg.actions import freeze_registration, source_hashes
     from prereg.documents import load_registration
 
     with verb(as_json):
         # Validate before the ledger is opened: a bad file must not even create an empty ledger (exit 2 writes nothing).
         reg, raw = load_registration(file)
+        source_hashes(reg, file)
         with open_ledger(ledger, create=True) as store:
             result = freeze_registration(store, reg, raw, file)
         payload = {
@@ -472,7 +516,7 @@ def audit_verify(
     as_json: bool = JsonOption,
 ) -> None:
     """Recompute the hash chain; name the first bad entry. Exit 4 when it fails."""
-    with verb(as_json), open_ledger(ledger) as store:
+    with verb(as_json), open_ledger(ledger, reconcile=False) as store:
         report = store.verify(published_head=published_head)
         payload = {
             "ok": report.ok,
@@ -547,7 +591,7 @@ def audit_export(
     out_file: Path = typer.Option(None, "--out", help="write JSONL here (default: stdout)"), ledger: str = LedgerOption
 ) -> None:
     """Every entry as JSONL (first line: the ledger's name); `import` re-verifies it."""
-    with verb(False), open_ledger(ledger) as store:
+    with verb(False), open_ledger(ledger, reconcile=False) as store:
         if out_file is None:
             store.export_jsonl(sys.stdout)
         else:

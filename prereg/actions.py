@@ -17,7 +17,6 @@ from prereg.pairing import FIX as PAIRING_FIX
 from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
 from prereg.provenance import git_state, tool_version
-from prereg.registry import get_workload
 from prereg.schema import Registration
 from prereg.state import RegistrationState, check_record_rungs, require_frozen
 
@@ -51,6 +50,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
         )
     refuse_unpaired(reg, str(path))
+    sources = source_hashes(reg, path)
     entry = ledger.append(
         "freeze",
         reg.id,
@@ -61,6 +61,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             "source_hash": file_hash(raw),
             "git": git_state(path.resolve().parent),
             "tool": tool_version(),
+            **({"sources": sources} if sources else {}),
         },
     )
     return FreezeResult(reg.id, doc_hash, entry.head, entry.seq, False)
@@ -129,7 +130,7 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                 where=where,
                 fix="name each [oracles.ID] table by an oracle id of the registration; nothing was written",
             )
-    probes = get_workload(reg.workload).probes
+    probes = reg.declaration().probes
     for oracle_id, observed in rec.oracles.items():
         oracle = next(o for o in reg.item(owner[oracle_id]).oracles if o.id == oracle_id)
         problem = observation_problem(oracle.kind, dict(observed), oracle.bounds, probes[oracle.probe].observes)
@@ -140,7 +141,7 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                 fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written",
             )
     check_record_rungs(reg, list(rec.rungs), where)
-    metrics = get_workload(reg.workload).metrics
+    metrics = reg.declaration().metrics
     item_ids = [i.id for i in reg.items]
     for rung_id, rung in rec.rungs.items():
         for item in rung.items:
@@ -237,6 +238,43 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     return ledger.append_many(batch)
 
 
+def source_hashes(reg: Registration, path: Path) -> dict[str, str]:
+    """sha256 of every source file the document's workload names (a command's scripts), by its path relative to
+    the registration file's folder. A missing one is bad input: a document must be runnable when it is frozen."""
+    hashes = {}
+    for source in reg.declaration().sources:
+        file = path.parent / source
+        if not file.is_file():
+            raise InvalidInput(
+                f"command.sources: {source!r} is not a file (looked for {file})",
+                where=str(path),
+                fix="create it, or correct command.sources (paths relative to command.cwd); nothing was written",
+            )
+        hashes[source] = file_hash(file.read_bytes())
+    return hashes
+
+
+def check_sources_unchanged(ledger: Ledger, reg: Registration, path: Path) -> None:
+    """`prereg run` refuses a source file that changed since freeze (or is gone, or was never hashed), naming it."""
+    frozen = next(ledger.entries(reg_id=reg.id, kinds=("freeze",)))
+    recorded = frozen.data.get("sources", {})
+    for source in reg.declaration().sources:
+        file = path.parent / source
+        if source not in recorded:
+            raise Refused(
+                f"source {source!r} was not hashed when {reg.id} was frozen",
+                where=str(path),
+                fix="the sources a ladder runs are fixed at freeze: register the new list under a new id",
+            )
+        if not file.is_file() or file_hash(file.read_bytes()) != recorded[source]:
+            raise Refused(
+                f"{file} {'changed' if file.is_file() else 'is gone'} since {reg.id} was frozen",
+                where=str(file),
+                fix="restore the frozen file (git checkout it); a changed script is another experiment: freeze it "
+                "under a new id",
+            )
+
+
 def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
     """`prereg run` refuses a registration file that no longer matches what was frozen (only the freeze entry
     is read: no projection of the registration's windows)."""
@@ -262,6 +300,8 @@ __all__ = [
     "amend",
     "record",
     "check_source_unchanged",
+    "check_sources_unchanged",
+    "source_hashes",
     "FreezeResult",
     "canonical_hash",
 ]

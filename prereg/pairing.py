@@ -13,7 +13,6 @@ differ in such a key. Comparing speed or memory across them stays allowed: that 
 from __future__ import annotations
 
 from prereg.errors import InvalidInput
-from prereg.registry import get_workload
 from prereg.rules import Scope, compile_expr
 from prereg.schema import Registration, scope_names
 
@@ -26,7 +25,7 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
     each names the field, the metric, the rungs and the key with each rung's value."""
     if reg.protocol.kind != "compare":
         return []
-    workload = get_workload(reg.workload)
+    workload = reg.declaration()
     regrouping = [key.name for key in workload.config_keys.values() if key.regroups_samples]
     assert all(workload.config_keys[key].type is bool for key in regrouping), (
         "a regrouping key is a flag: unset is False"
