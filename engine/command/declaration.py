@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from oracles.judge import JUDGES, OBSERVED
 from prereg.registry import TableError
@@ -69,6 +69,7 @@ PROFILES = {
 
 # A JSON value of any kind: the script reads its config as JSON, and checks its own types.
 JSON_TYPES = (bool, int, float, str, list, dict)
+
 
 def command_line(text: str) -> list[str]:
     """A command as its argument vector, split like a shell line (quotes, escapes; no expansion, no shell)."""
@@ -168,14 +169,6 @@ class CommandTable(BaseModel):
                 raise ValueError(f'{name}: "error" is how a probe says it could not run, not an observation')
         return probes
 
-    @model_validator(mode="after")
-    def _probe_command(self) -> "CommandTable":
-        if self.probes and self.probe is None:
-            raise ValueError(f'probes {sorted(self.probes)} are declared: add probe = "…", the command that runs them')
-        if self.probe is not None and not self.probes:
-            raise ValueError("a probe command with no probes declared: declare probes = { NAME = [...] } or remove it")
-        return self
-
     def source_paths(self) -> tuple[str, ...]:
         """The sources relative to the registration file's folder."""
         return tuple(posixpath.normpath(posixpath.join(self.cwd, source)) for source in self.sources)
@@ -213,6 +206,14 @@ def declare(table: Mapping[str, Any]) -> CommandDeclaration:
         command = CommandTable.model_validate(dict(table))
     except ValidationError as error:
         raise _table_error(error) from None
+    if command.probes and command.probe is None:
+        raise TableError(
+            "probe", f'probes {sorted(command.probes)} are declared: add probe = "…", the command that runs them'
+        )
+    if command.probe is not None and not command.probes:
+        raise TableError(
+            "probe", "a probe command, and no probes declared: declare probes = { NAME = [...] } or remove it"
+        )
     assert set(JUDGES) >= set(OBSERVED)
     metrics = {
         **ENGINE_METRICS,

@@ -287,7 +287,8 @@ class CommandRunner:
         out, err = process.communicate()
         if process.returncode != 0:
             tail = err.decode("utf-8", "replace")[-STDERR_TAIL_CHARS:].strip()
-            return {"error": f"`{self.command.probe}` exited with {process.returncode}; its stderr ends: {tail}"}
+            ends = f"its stderr ends:\n{tail}" if tail else "its stderr is empty"
+            return {"error": f"`{self.command.probe}` exited with {process.returncode}; {ends}"}
         lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
         if not lines:
             return {"error": f"`{self.command.probe}` printed nothing: its last stdout line must be a JSON object"}

@@ -32,10 +32,14 @@ class WindowsReader:
     lines_read: int = 0
     last_steps: int = 0
     _partial: bytes = field(default=b"", repr=False)
+    _deferred: WindowError | None = field(default=None, repr=False)
 
     def read(self, *, writer_gone: bool = False) -> list[dict[str, Any]]:
         """The windows completed since the last read. With `writer_gone`, a last line without its newline is
-        complete too: nothing more will be written to it."""
+        complete too: nothing more will be written to it. A bad line fails the read it is in, or, when good
+        windows came before it in the same read, the next one: those windows stand."""
+        if self._deferred is not None:
+            raise self._deferred
         with self.path.open("rb") as handle:
             handle.seek(0, 2)
             size = handle.tell()
@@ -51,11 +55,18 @@ class WindowsReader:
         if writer_gone and self._partial:
             lines.append(self._partial)
             self._partial = b""
-        windows = []
+        windows: list[dict[str, Any]] = []
         for raw in lines:
             self.lines_read += 1
-            if raw.strip():
+            if not raw.strip():
+                continue
+            try:
                 windows.append(self.parse(raw, self.lines_read))
+            except WindowError as error:
+                if not windows:
+                    raise
+                self._deferred = error
+                break
         return windows
 
     def parse(self, raw: bytes, number: int) -> dict[str, Any]:
