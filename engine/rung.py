@@ -237,8 +237,6 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     runner = None
     try:
         os.environ[MEMORY_DIR_VARIABLE] = str(memory)
-        if ranks.writer:
-            run_dir.mkdir(parents=True, exist_ok=True)
         load_start = time.monotonic()
         runner = make_runner(profile, plan["config"], plan["seed"], context)
         runner.load()

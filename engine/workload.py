@@ -47,7 +47,7 @@ class RunContext:
     switches: tuple[str, ...] = ()
     steps: int = 0
     log_every: int = 0
-    run_dir: Path | None = None  # the rung's own folder (run_directory), created before the runner is built
+    run_dir: Path | None = None  # the rung's own folder (run_directory), for a runner that needs one to create
 
 
 class RunnerFailure(Exception):

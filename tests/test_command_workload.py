@@ -621,3 +621,29 @@ def test_a_multi_gpu_profile_runs_the_command_under_torchrun():
     assert "--nproc-per-node" in under_torchrun(["python", "-m", "lab.train"], 2)
     other = under_torchrun(["./train.sh", "--x"], 2)
     assert other[0] == sys.executable and other[other.index("--no-python") + 1 :] == ["./train.sh", "--x"]
+
+
+def test_a_cuda_xn_rung_runs_its_script_under_torchrun_and_reads_rank_0s_windows(tmp_path, monkeypatch):
+    """The cuda-x2 profile's path on the CPU (torchrun needs no GPU to start ranks): every rank gets the same
+    PREREG_WINDOWS, prereg.script writes only on rank 0, and the runner reads one window per window."""
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent("""
+        import os
+        from prereg import script
+        for step in range(2, script.steps() + 1, 2):
+            script.window(steps=step, loss=1.0 / step, rank=float(os.environ["RANK"]))
+        """)
+    )
+    declaration = declare({"run": "python train.py", "metrics": ["loss", "rank"]})
+    context = RunContext(declaration, tmp_path, rung="A", steps=4, log_every=2, run_dir=tmp_path / "run")
+    runner = CommandRunner(declaration.profiles["cuda-x2"], {}, 0, context)
+    assert runner.devices == 2 and runner.parallel == {"launcher": "torchrun", "ranks": 2}
+    monkeypatch.setenv("PATH", ENV["PATH"])  # the script's `python` is this interpreter, with this checkout
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    try:
+        runner.load()
+        windows = [runner.train_window(2, lambda: False) for _ in range(2)]
+    finally:
+        status = runner.close()
+    assert status == 0, (tmp_path / "run" / "stderr.log").read_text()
+    assert [(w["steps"], w["rank"]) for w in windows] == [(2, 0.0), (2, 0.0)]  # rank 0's, once each

@@ -46,9 +46,11 @@ from prereg.workload import Profile
 # the scripts this governs takes well under a second to a few seconds, and a stop should not wait on one that
 # ignores SIGTERM much longer than that.
 STOP_GRACE_S = 5.0
-# How often a waiting rung looks for a new window line: a window lands within this of its write, at a cost of a
-# file stat per look (microseconds), far under 1% of the rung's wall time.
-POLL_S = 0.005
+# How often a waiting rung looks for a new window line or the script's exit: from POLL_S after each window,
+# doubling up to POLL_MAX_S while nothing lands. A window lands at most POLL_MAX_S after its write (kill lines act
+# on it that late), and a rung whose windows come a second apart costs a dozen file stats a second.
+POLL_S = 0.01
+POLL_MAX_S = 0.1
 # The end of a failed script's stderr kept on the rung's end: its traceback's last frames and its error.
 STDERR_TAIL_CHARS = 1500
 
@@ -100,6 +102,7 @@ class CommandRunner:
         self.queued: list[dict[str, Any]] = []
         self.steps_returned = 0
         self.read_s = 0.0  # the engine's time reading and checking window lines since the last window
+        self.delay = POLL_S
 
     @property
     def cwd(self) -> Path:
@@ -140,7 +143,8 @@ class CommandRunner:
         if self.context.rung is None:
             return  # the oracle gate: each probe starts a process of its own
         run_dir = self.context.run_dir
-        assert run_dir is not None, "a rung process creates its run folder before its runner"
+        assert run_dir is not None, "a rung process names its run folder"
+        run_dir.mkdir(parents=True, exist_ok=True)
         windows = (run_dir / "windows.jsonl").resolve()
         windows.touch()
         self.reader = WindowsReader(windows, frozenset(self.command.metrics), self.context.steps)
@@ -180,13 +184,11 @@ class CommandRunner:
                 if not self.queued:
                     raise self.exit_failure(status)
                 break
-            try:
-                self.process.wait(timeout=POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
+            self.pause()
         if not self.queued:  # stopped before the script wrote another window
             return {"steps": 0, "read_s": round(self.read_s, 6)}
         window = self.queued.pop(0)
+        self.delay = POLL_S
         if window["steps"] == self.context.steps:
             self.await_exit(should_stop)
         delta = window["steps"] - self.steps_returned
@@ -195,6 +197,11 @@ class CommandRunner:
         engine_window = {"steps": delta, **metrics, "finite": finite(window), "read_s": round(self.read_s, 6)}
         self.read_s = 0.0
         return engine_window
+
+    def pause(self) -> None:
+        """Sleep until the next look (one wake a look: Popen.wait with a timeout wakes several times)."""
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, POLL_MAX_S)
 
     def read(self, *, writer_gone: bool = False) -> list[dict[str, Any]]:
         assert self.reader is not None
@@ -214,10 +221,7 @@ class CommandRunner:
             if should_stop():
                 self.stop()
                 return
-            try:
-                self.process.wait(timeout=POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
+            self.pause()
         self.read(writer_gone=True)  # a window after the last step fails the rung, naming its line
         if self.process.returncode != 0:
             raise self.exit_failure(self.process.returncode)

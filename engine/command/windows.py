@@ -40,16 +40,17 @@ class WindowsReader:
         windows came before it in the same read, the next one: those windows stand."""
         if self._deferred is not None:
             raise self._deferred
-        with self.path.open("rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            if size < self.offset:
-                raise WindowError(
-                    f"{self.path.name}: the file shrank from {self.offset} to {size} bytes: a script appends its "
-                    f"windows (open it with mode 'a'), never rewrites them"
-                )
-            handle.seek(self.offset)
-            data = handle.read(size - self.offset)
+        size = self.path.stat().st_size  # a stat is all a look costs while nothing was written
+        if size < self.offset:
+            raise WindowError(
+                f"{self.path.name}: the file shrank from {self.offset} to {size} bytes: a script appends its "
+                f"windows (open it with mode 'a'), never rewrites them"
+            )
+        data = b""
+        if size > self.offset:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read(size - self.offset)
         self.offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
         if writer_gone and self._partial:
