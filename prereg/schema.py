@@ -280,10 +280,8 @@ def resolve_references(reg: Registration) -> None:
         workload = reg.declaration()
     except UnknownWorkload as error:
         raise ValueError(f"workload: {error}") from None
-    except TableError as error:
-        raise ValueError(
-            f"{'.'.join(['command', error.path] if error.path else ['command'])}: {error.message}"
-        ) from None
+    except TableError as error:  # the table's own field path, under the document's
+        raise ValueError(f"{f'command.{error.path}' if error.path else 'command'}: {error.message}") from None
     if reg.profile not in workload.profiles:
         raise ValueError(
             f"profile: {reg.profile!r} is not a profile of {workload.name}; it has {sorted(workload.profiles)}"
