@@ -12,7 +12,7 @@ appends a window every `--log-every` steps:
    the engine takes from the machine the script trains on. The appends' waits on the disk (fsync) are idle time
    there: the script writes its windows on, whatever the engine is doing.
 
-    PYTHONPATH=. python bench/command_overhead.py [--steps 1000] [--log-every 50] [--step-ms 10]
+    PYTHONPATH=. python bench/command_overhead.py [--steps 1000] [--log-every 100] [--step-ms 20]
 
 Prints its conditions and results, and writes them to bench/results/command_overhead.json.
 """
@@ -145,8 +145,8 @@ def in_this_process(work: Path, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--step-ms", type=float, default=10.0)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--step-ms", type=float, default=20.0)
     args = parser.parse_args()
     conditions = {
         "python": platform.python_version(),
