@@ -202,6 +202,8 @@ def new(
             )
         if file.exists():
             raise InvalidInput("the file exists; new never overwrites", where=str(file), fix="pass a new path")
+        if not file.parent.is_dir():
+            raise InvalidInput(f"no folder {file.parent}", where=str(file), fix="create the folder first")
         text = TEMPLATES[workload]
         file.write_text(text, encoding="utf-8")
         payload = {"file": str(file), "workload": workload, "blanks": blanks(text)}

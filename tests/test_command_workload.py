@@ -15,15 +15,20 @@ import textwrap
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import MINI, Cli
 
+from engine import process_identity
 from engine.command.declaration import CommandDeclaration, declare
 from engine.command.process import STOP_GRACE_S, CommandRunner, under_torchrun
 from engine.command.windows import WindowError, WindowsReader
+from engine.ladder import mark_interrupted
+from engine.reconcile import reconcile, running
 from engine.workload import RunContext, RunnerFailure
 from prereg.documents import document_dict
+from prereg.errors import Refused
 from prereg.ledger import Ledger
 from prereg.schema import Registration
 from prereg.state import load_state
@@ -647,3 +652,25 @@ def test_a_cuda_xn_rung_runs_its_script_under_torchrun_and_reads_rank_0s_windows
         status = runner.close()
     assert status == 0, (tmp_path / "run" / "stderr.log").read_text()
     assert [(w["steps"], w["rank"]) for w in windows] == [(2, 0.0), (2, 0.0)]  # rank 0's, once each
+
+
+def test_only_a_run_whose_process_is_gone_is_recorded_interrupted(tmp_path):
+    ledger = Ledger.open(str(tmp_path / "ledger.db"), create=True)
+    alive = process_identity.current()
+    report = "import json; from engine import process_identity as p; print(json.dumps(p.current()))"
+    ended = subprocess.run([sys.executable, "-c", report], env=ENV, capture_output=True, text=True, check=True)
+    identities = {
+        "alive": alive,
+        "gone": json.loads(ended.stdout),
+        "reused-pid": {**alive, "start_ticks": alive["start_ticks"] + 1},  # another process under this pid
+        "elsewhere": {**alive, "host": "another-host"},  # this machine cannot tell: left to its own host
+        "unnamed": None,  # recorded before runs carried their process: left to `prereg run`
+    }
+    for ref, identity in identities.items():
+        ledger.append("run-start", "r", {"rung": "A", "process": identity}, ref=ref)
+    assert reconcile(ledger) == ["gone", "reused-pid"]
+    assert [e.ref for e in running(ledger)] == ["alive", "elsewhere", "unnamed"]
+    assert reconcile(ledger) == []  # recorded once
+    with pytest.raises(Refused, match="rung A of r is still running: process"):
+        mark_interrupted(ledger, SimpleNamespace(reg_id="r"))  # a new ladder never runs a rung twice at once
+    ledger.close()
