@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,6 +169,7 @@ def main() -> None:
             "ladder": through_the_cli(work, args),
             "runner": in_this_process(work, args),
         }
+    shutil.rmtree(ROOT / "reports" / "bench-command-overhead", ignore_errors=True)  # the rung's scratch folder
     for name, value in conditions.items():
         print(f"{name:>16}: {value}")
     ladder, runner = results["ladder"], results["runner"]

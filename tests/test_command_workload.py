@@ -198,9 +198,9 @@ def write_lab(
     return path
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def run_folders():
-    """The rungs' own folders land under reports/<id>/ in the checkout: removed after each test."""
+    """The rungs' own folders land under reports/<id>/ in the checkout: removed after the tests."""
 
     def ours() -> set[Path]:
         return {p for pattern in ("cmd-*", "example-mlp-matmul") for p in (REPO / "reports").glob(pattern)}
