@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch first, pinned to the CPU build that lies on this kind of machine's disk; a bare `torch` would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test venv clean-venv
+.PHONY: demo demo-command test venv clean-venv
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,21 @@ test: venv
 
 demo: venv
 	PREREG_DEMO=1 $(BIN)/python -m engine.demo
+
+# The command workload on a script of its own (examples/command): frozen into a ledger of its own under
+# reports/demo-command/ (never ledger.db), run, decided and audited. The example's `python` is the venv's.
+DEMO_COMMAND := reports/demo-command
+EXAMPLE := examples/command/mlp-matmul.toml
+PREREG_IN_VENV := PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python cli.py
+
+demo-command: venv
+	rm -rf $(DEMO_COMMAND) && mkdir -p $(DEMO_COMMAND)
+	$(PREREG_IN_VENV) check $(EXAMPLE)
+	$(PREREG_IN_VENV) freeze $(EXAMPLE) --ledger $(DEMO_COMMAND)/ledger.db
+	$(PREREG_IN_VENV) run example-mlp-matmul --file $(EXAMPLE) --ledger $(DEMO_COMMAND)/ledger.db
+	$(PREREG_IN_VENV) verdict example-mlp-matmul --ledger $(DEMO_COMMAND)/ledger.db
+	$(PREREG_IN_VENV) audit show example-mlp-matmul --ledger $(DEMO_COMMAND)/ledger.db
+	$(PREREG_IN_VENV) audit verify --ledger $(DEMO_COMMAND)/ledger.db
 
 clean-venv:
 	rm -rf $(VENV)

@@ -117,10 +117,21 @@ def verb(as_json: bool) -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def open_ledger(option: str | None, *, create: bool = False):
+def open_ledger(option: str | None, *, create: bool = False, reconcile: bool = True):
+    """The ledger, with every run whose process is gone recorded `interrupted` first (engine/reconcile.py): no
+    verb reads a run as running once its process is gone. Verification and export read the entries as stored."""
     from prereg.ledger import Ledger
 
-    return Ledger.open(ledger_url(option), create=create)
+    store = Ledger.open(ledger_url(option), create=create)
+    if reconcile:
+        from engine.reconcile import reconcile as reconcile_runs
+
+        try:
+            reconcile_runs(store)
+        except BaseException:
+            store.close()
+            raise
+    return store
 
 
 def emit(as_json: bool, payload: dict[str, Any]) -> bool:
@@ -200,6 +211,38 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
         for note in payload["notes"]:
             out.print(f"[yellow]note[/]: {esc(note)}")
         out.print(f"[green]valid[/] · document {payload['doc_hash'][:16]}")
+
+
+@app.command()
+def new(
+    file: Path,
+    workload: str = typer.Option("command", "--workload", help="the workload the registration governs"),
+    ledger: str = LedgerOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Write a commented registration to start from; `check` accepts it once its blanks are filled."""
+    del ledger  # every verb takes --ledger; new writes only FILE
+    from prereg.errors import InvalidInput
+    from prereg.template import TEMPLATES, blanks
+
+    with verb(as_json):
+        if workload not in TEMPLATES:
+            raise InvalidInput(
+                f"--workload {workload!r}: no template for it; templates exist for {sorted(TEMPLATES)}",
+                fix="pass --workload command, or copy a registration of that workload from registrations/",
+            )
+        if file.exists():
+            raise InvalidInput("the file exists; new never overwrites", where=str(file), fix="pass a new path")
+        if not file.parent.is_dir():
+            raise InvalidInput(f"no folder {file.parent}", where=str(file), fix="create the folder first")
+        text = TEMPLATES[workload]
+        file.write_text(text, encoding="utf-8")
+        payload = {"file": str(file), "workload": workload, "blanks": blanks(text)}
+        if emit(as_json, payload):
+            return
+        out.print(
+            f"wrote {esc(file)}: fill in its {len(payload['blanks'])} blanks (FILL), then `prereg check {esc(file)}`"
+        )
 
 
 @app.command()
@@ -647,7 +690,7 @@ def audit_verify(
     as_json: bool = JsonOption,
 ) -> None:
     """Recompute the hash chain; name the first bad entry. Exit 4 when it fails."""
-    with verb(as_json), open_ledger(ledger) as store:
+    with verb(as_json), open_ledger(ledger, reconcile=False) as store:
         report = store.verify(published_head=published_head)
         payload = {
             "ok": report.ok,
@@ -725,7 +768,7 @@ def audit_export(
     out_file: Path = typer.Option(None, "--out", help="write JSONL here (default: stdout)"), ledger: str = LedgerOption
 ) -> None:
     """Every entry as JSONL (first line: the ledger's name); `import` re-verifies it."""
-    with verb(False), open_ledger(ledger) as store:
+    with verb(False), open_ledger(ledger, reconcile=False) as store:
         if out_file is None:
             store.export_jsonl(sys.stdout)
         else:

@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.gate")
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--reg", required=True)
+    parser.add_argument(
+        "--registration-dir", default=None, help="the registration file's folder (the document's paths start there)"
+    )
     args = parser.parse_args(argv)
 
     stop: list[str] = []
@@ -27,22 +30,25 @@ def main(argv: list[str] | None = None) -> int:
         # Between probes: the oracle being judged finishes and is recorded; the rest wait for the next run.
         signal.signal(number, lambda n, f: stop.append(signal.Signals(n).name))
 
-    from engine.workload import make_runner
+    from pathlib import Path
+
+    from engine.workload import RunContext, make_runner
     from oracles.judge import judge
+    from prereg.canonical import encode_nonfinite
     from prereg.ledger import Ledger
-    from prereg.registry import get_workload
     from prereg.state import load_state
 
     ledger = Ledger.open(args.ledger, create=False)
     state = load_state(ledger, args.reg, with_windows=False)
     reg = state.registration()
-    declaration = get_workload(reg.workload)
+    declaration = reg.declaration()
     profile = declaration.profiles[reg.profile]
     pending = [(item, oracle) for item in reg.items for oracle in item.oracles if oracle.id not in state.oracles]
     if not pending:
         return 0
     assert reg.gate_config is not None, "a document with items resolves the oracle gate's config"
-    runner = make_runner(declaration, profile, reg.gate_config, reg.protocol.seed)
+    context = RunContext(declaration, Path(args.registration_dir) if args.registration_dir else None)
+    runner = make_runner(profile, reg.gate_config, reg.protocol.seed, context)
     load_start = time.monotonic()
     runner.load()
     load_s = time.monotonic() - load_start
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 "item": item.id,
                 "kind": oracle.kind,
                 "probe": oracle.probe,
-                "observed": observed,
+                "observed": encode_nonfinite(observed),  # a NaN observation is kept, as the string "nan"
                 "bounds": oracle.bounds,
                 "passed": judgement.passed,
                 "reason": judgement.reason,
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
+    runner.close()
     wall = time.monotonic() - PROCESS_START
     ledger.append(
         "gate",

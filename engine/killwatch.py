@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prereg.registry import get_workload
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import KillLine, Registration, scope_names
 
@@ -54,7 +53,7 @@ class KillEnv:
 
 def kill_scope(reg: Registration) -> Scope:
     """The names a kill line may use: the ones it was validated with (prereg/schema.py)."""
-    return Scope(kind="kill", **scope_names(reg, get_workload(reg.workload)))
+    return Scope(kind="kill", **scope_names(reg, reg.declaration()))
 
 
 @dataclass

@@ -23,14 +23,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from engine import process_identity
+from engine.reconcile import record_interrupted, running
 from engine.runlock import RunLock
 from engine.workload import memory_directory, snapshots_in
-from prereg.actions import check_source_unchanged
+from prereg.actions import check_source_unchanged, check_sources_unchanged
 from prereg.cost import cost_summary
 from prereg.errors import InvalidInput, LedgerCorrupt, Refused
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
-from prereg.registry import get_workload
 from prereg.schema import Registration
 from prereg.state import RegistrationState, RungRun, load_state, require_frozen
 from prereg.verdict import VerdictEnv, judge_until_pass, rung_views
@@ -105,24 +106,18 @@ def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
 
 
 def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
+    """Under this ladder's run lock, every run of the registration without an end is over: recorded interrupted.
+    One whose process still runs (a rung left behind by a ladder that died) is refused: the rung would run twice."""
     marked = []
-    for run in state.runs:
-        if run.status == "running" and not run.external:
-            last = ledger.entries(reg_id=state.reg_id, kinds=("window",), ref=run.run_id)
-            elapsed = 0.0
-            for window in last:
-                elapsed = window.data.get("elapsed_s", elapsed)
-            ledger.append(
-                "interrupted",
-                state.reg_id,
-                {
-                    "rung": run.rung,
-                    "reason": "found without an end; re-run from scratch",
-                    "totals": {"gpu_s": elapsed, "at_least": True},
-                },
-                ref=run.run_id,
+    for start in running(ledger, state.reg_id):
+        identity = start.data.get("process")
+        if process_identity.gone(identity) is False:
+            raise Refused(
+                f"rung {start.data['rung']} of {state.reg_id} is still running: {process_identity.describe(identity)}",
+                fix=f"wait for it to end, or stop it (kill {identity['pid']}); then run again",
             )
-            marked.append(run.run_id)
+        record_interrupted(ledger, start, "found without an end; re-run from scratch")
+        marked.append(start.ref)
     return marked
 
 
@@ -190,9 +185,20 @@ class Child:
 
 
 class Ladder:
-    def __init__(self, ledger: Ledger, reg_id: str, *, budget_s: float | None, console, gate_only: bool = False):
+    def __init__(
+        self,
+        ledger: Ledger,
+        reg_id: str,
+        *,
+        budget_s: float | None,
+        console,
+        gate_only: bool = False,
+        registration_dir: Path | None = None,
+    ):
         self.ledger = ledger
         self.reg_id = reg_id
+        # The registration file's folder, which the document's own paths are relative to (a command's cwd).
+        self.registration_dir = registration_dir
         self.budget_s = budget_s
         # Stop once the gate has answered: on a machine lent by the call, the gate fills one call and a rung
         # process that must run whole (an interleaved one) the next, rather than starting only to be stopped.
@@ -221,6 +227,13 @@ class Ladder:
         if "://" in url and not url.startswith("sqlite:///"):
             return url
         return str(Path(url.removeprefix("sqlite:///")).resolve())
+
+    def child_args(self) -> list[str]:
+        """What every gate and rung process is told: the ledger, the registration, and the registration's folder."""
+        args = ["--ledger", self.child_ledger_url(), "--reg", self.reg_id]
+        if self.registration_dir is not None:
+            args += ["--registration-dir", str(self.registration_dir.resolve())]
+        return args
 
     def _budget_expired(self) -> None:
         if self.stopping is None:
@@ -297,11 +310,8 @@ class Ladder:
                     key = event["run"]
                     if key not in tasks:
                         tasks[key] = progress.add_task(f"  rung {event['rung']}", total=event["of"], note="")
-                    note = (
-                        f"loss {event['loss']:.3f} · {event['s_per_step']:.3f} s/step"
-                        if event.get("loss") is not None
-                        else ""
-                    )
+                    shown = [(event.get("loss"), "loss {:.3f}"), (event.get("s_per_step"), "{:.3f} s/step")]
+                    note = " · ".join(form.format(value) for value, form in shown if value is not None)
                     progress.update(tasks[key], completed=event["step"], note=note)
         if timer is not None:
             timer.cancel()
@@ -314,7 +324,7 @@ class Ladder:
         if not pending:
             return
         self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
-        rc = self.run_child(["engine.gate", "--ledger", self.child_ledger_url(), "--reg", self.reg_id])
+        rc = self.run_child(["engine.gate", *self.child_args()])
         if self.stopping is not None:
             return
         if rc != 0:
@@ -420,7 +430,7 @@ class Ladder:
                     " stopping cleanly — run again to resume"
                 )
                 break
-            args = ["--ledger", self.child_ledger_url(), "--reg", self.reg_id]
+            args = self.child_args()
             for planned, label in batch:
                 args += ["--run-spec", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
             if deadline is not None:
@@ -432,7 +442,7 @@ class Ladder:
             )
             kills_before = len(state.kills)
             run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec") :] if "=" in a]
-            profile = get_workload(reg.workload).profiles[reg.profile]
+            profile = reg.declaration().profiles[reg.profile]
             child_start = time.monotonic()
             rc = self.run_child(rung_command(profile, args))
             if self.stopping == "budget":
@@ -532,7 +542,9 @@ def run_ladder(
     gate_only: bool = False,
 ) -> dict[str, Any]:
     state = require_frozen(ledger, reg_id, with_windows=False)
-    check_source_unchanged(ledger, reg_id, registration_file(ledger, reg_id, file))
+    path = registration_file(ledger, reg_id, file)
+    check_source_unchanged(ledger, reg_id, path)
+    check_sources_unchanged(ledger, state.registration(), path)
     report = ledger.verify()
     if not report.ok:
         raise LedgerCorrupt(
@@ -541,9 +553,11 @@ def run_ladder(
             fix="`prereg audit verify` names the entry; restore the ledger from its export before running",
         )
     reg = state.registration()
-    profile = get_workload(reg.workload).profiles[reg.profile]
+    profile = reg.declaration().profiles[reg.profile]
     check_profile(profile)
-    ladder = Ladder(ledger, reg_id, budget_s=budget_s, console=console, gate_only=gate_only)
+    ladder = Ladder(
+        ledger, reg_id, budget_s=budget_s, console=console, gate_only=gate_only, registration_dir=path.parent
+    )
     if dry_run:
         ladder.print_plan(reg, state)
         return {

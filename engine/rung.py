@@ -5,10 +5,11 @@ Interleaved: several rungs in one process and one model load, their switches alt
 drift hits every rung alike (they share one model and optimizer: their step times and memory are per rung,
 their loss is one trajectory).
 
-The process writes its own ledger entries: `run-start` before any work, a `window` per window as it finishes,
-`kill` when a kill line fires, and `run-end` with its status. SIGTERM/SIGINT end the rung with status `killed`
-and a final window; SIGUSR1 is the ladder's time budget (status `killed`, by the budget, re-run on resume).
-A SIGKILL leaves a run without an end, which the next `prereg run` records as `interrupted`.
+The process writes its own ledger entries: `run-start` before any work (with the process's identity: pid, host,
+start time), a `window` per window as it finishes, `kill` when a kill line fires, and `run-end` with its status.
+SIGTERM/SIGINT end the rung with status `killed` and a final window; SIGUSR1 is the ladder's time budget (status
+`killed`, by the budget, re-run on resume). The process dies with its ladder; a SIGKILL leaves a run without an
+end, which the next verb that reads the ledger records as `interrupted` (engine/reconcile.py).
 One JSON line per window goes to stdout for the ladder's progress display.
 
 Several processes (a profile whose world_size > 1; the ladder starts them under torchrun): every rank runs this
@@ -27,6 +28,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 PROCESS_START = time.monotonic()  # cost counts from process start: imports and model load included
@@ -68,8 +70,8 @@ def emit(event: dict[str, Any]) -> None:
 
 
 def die_with_parent() -> None:
-    """Under torchrun: should the launcher die (a SIGKILL included), this rank dies with it, as a one-process
-    rung would — never an orphan still training, or (rank 0) still writing the ledger. Linux's PR_SET_PDEATHSIG."""
+    """Should the ladder (or under torchrun, the launcher) die, a SIGKILL included, this process dies with it —
+    never an orphan still training, or still writing the ledger. Linux's PR_SET_PDEATHSIG."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -90,6 +92,7 @@ def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
     protocol = reg.protocol
     return {
         "workload": reg.workload,
+        "workload_table": reg.command,
         "profile": reg.profile,
         "seed": protocol.seed,
         "config": reg.rung_config(runs[0]["rung"]),  # what the document sets for the rung
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--save-dir", default=None)
     parser.add_argument(
+        "--registration-dir", default=None, help="the registration file's folder (the document's paths start there)"
+    )
+    parser.add_argument(
         "--device",
         choices=("cpu", "cuda"),
         default=None,
@@ -135,10 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.workload import join_ranks
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if args.device is None:
-            parser.error("--device is required under torchrun: it picks the process group's backend")
-        die_with_parent()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.device is None:
+        parser.error("--device is required under torchrun: it picks the process group's backend")
+    die_with_parent()
     ranks = join_ranks(args.device or "cpu")
     stop.ranks = ranks
     try:
@@ -149,7 +154,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     """The rung's loop on one rank (the only one, or one of several: see the module docstring)."""
-    from engine.workload import MEMORY_DIR_VARIABLE, make_runner, memory_directory, snapshots_in
+    from engine.workload import (
+        MEMORY_DIR_VARIABLE,
+        RunContext,
+        RunnerFailure,
+        make_runner,
+        memory_directory,
+        run_directory,
+        snapshots_in,
+    )
 
     runs = []
     for spec in args.run:
@@ -167,13 +180,16 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
 
         ledger = Ledger.open(args.ledger, create=False)
         plan, reg = read_plan(args, ledger, runs)
-        profile = get_workload(plan["workload"]).profiles[plan["profile"]]
+        profile = reg.declaration().profiles[plan["profile"]]
         if (profile.world_size, profile.device) != (ranks.world_size, args.device or profile.device):
             raise RuntimeError(
                 f"profile {profile.name} runs {profile.world_size} process(es) on {profile.device}; this rung "
                 f"was started as {ranks.world_size} on {args.device} — start it through `prereg run`"
             )
-        environment = run_environment(plan["profile"], plan["seed"])
+        environment = run_environment(plan["profile"], plan["seed"], engine_torch=not reg.declaration().own_process)
+        from engine import process_identity
+
+        identity = process_identity.current()  # so that a verb can tell, later, whether this process still runs
         for run in runs:
             ledger.append(
                 "run-start",
@@ -190,13 +206,26 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
                     "interleaved_with": [r["run"] for r in runs if r is not run],
                     "env": environment,
+                    "process": identity,
                 },
                 ref=run["run"],
             )
     plan = ranks.broadcast(plan)
-    declaration = get_workload(plan["workload"])
+    declaration = get_workload(plan["workload"], plan["workload_table"])
     profile = declaration.profiles[plan["profile"]]
     switches = plan["switches"]
+    # One rung in the process: its switches are known before the load (a runner may start a process with them).
+    only = runs[0] if len(runs) == 1 else None
+    run_dir = run_directory(args.reg, runs[0]["run"])
+    context = RunContext(
+        declaration=declaration,
+        registration_dir=Path(args.registration_dir) if args.registration_dir else None,
+        rung=only["label"] if only else None,
+        switches=tuple(switches[i] for i in only["items"]) if only else (),
+        steps=plan["steps"],
+        log_every=plan["log_every"],
+        run_dir=run_dir,
+    )
 
     from engine.killwatch import KillWatch
     from prereg.canonical import encode_nonfinite
@@ -215,7 +244,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         os.environ[MEMORY_DIR_VARIABLE] = str(memory)
         load_start = time.monotonic()
         config = declaration.run_config.load(plan["effective_config"], profile)
-        runner = make_runner(declaration, profile, config, plan["seed"])
+        runner = make_runner(profile, config, plan["seed"], context)
         runner.load()
         load_s = time.monotonic() - load_start
         if ranks.writer:
@@ -288,13 +317,20 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                 active = []
     except Exception as error:  # the rung failed: recorded with its reason, the process exits non-zero
         rc = 1
+        # A RunnerFailure's message says it all (a script's exit and stderr tail); anything else is a bug's trace.
+        reason = str(error) if isinstance(error, RunnerFailure) else f"{type(error).__name__}: {error}"
         for run in runs:
             if status[run["run"]] == "finished":
                 status[run["run"]] = "failed"
-                ended_by[run["run"]] = {"error": f"{type(error).__name__}: {error}"[:2000]}
-        import traceback
+                ended_by[run["run"]] = {"error": reason[:2000]}
+        if isinstance(error, RunnerFailure):
+            print(f"rung failed: {reason}", file=sys.stderr)
+        else:
+            import traceback
 
-        traceback.print_exc(file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+    # What the runner started ends before the end is recorded: a process it ran gives the rung its exit status.
+    exit_status = runner.close() if runner is not None else None
     if not ranks.writer:
         return rc
     wall = time.monotonic() - PROCESS_START
@@ -311,7 +347,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                 "status": status[run["run"]],
                 "ended_by": ended_by.get(run["run"]),
                 "totals": {
-                    "rc": rc,
+                    "rc": rc if exit_status is None else exit_status,
                     "steps": windows[run["run"]][-1]["step"] if windows[run["run"]] else 0,
                     "load_s": round(load_s, 4),
                     "gpu_s": round(wall * devices * share, 4),

@@ -1,7 +1,9 @@
 """The contract between the engine and a workload's implementation (one process's view).
 
 A workload's declaration (prereg.workload) names what it can do without importing torch; its runner does it.
-The engine constructs one runner per process: a sequential rung, an interleaved ladder, or the oracle gate.
+The engine constructs one runner per process: a sequential rung, an interleaved ladder, or the oracle gate, from
+the profile, the run config, the seed and a `RunContext`. A runner may do its work in this process (molmo2) or
+start a process of its own and pass the context on (the command workload); `close()` ends what it started.
 A rung whose profile asks for several processes runs under torchrun: every process joins the group first
 (`join_ranks`), then builds its runner; the runner's own data plane (DDP, ZeRO, gradient allreduce) uses the
 same default process group, and `Ranks` is the engine's control plane over it.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -25,6 +28,31 @@ def memory_directory(reg_id: str, run_id: str) -> Path:
     """Where a rung process's allocation snapshots go, relative to the repository root (the rung's cwd); an
     interleaved process is named after its first run."""
     return Path("reports", reg_id, "memory", run_id)
+
+
+def run_directory(reg_id: str, run_id: str) -> Path:
+    """A rung's own fresh folder for scratch files, relative to the repository root (the rung's cwd)."""
+    return Path("reports", reg_id, "runs", run_id)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the engine knows about the process a runner is built in, beyond profile, config and seed."""
+
+    declaration: WorkloadDeclaration  # as the document resolves it (a command document's: from its table)
+    registration_dir: Path | None  # the registration file's folder: the document's own paths are relative to it
+    # The rung, when the process runs exactly one (a sequential rung); None in the oracle gate and when rungs
+    # interleave. Its switches are known before the load, for a runner that starts a process with them.
+    rung: str | None = None
+    switches: tuple[str, ...] = ()
+    steps: int = 0
+    log_every: int = 0
+    run_dir: Path | None = None  # the rung's own folder (run_directory), for a runner that needs one to create
+
+
+class RunnerFailure(Exception):
+    """What the runner runs failed, and the message says all there is to say (a script's exit status and the end
+    of its stderr, a window line that breaks the contract): the rung ends `failed` with it, without a traceback."""
 
 
 def snapshots_in(directory: Path) -> list[str] | None:
@@ -155,10 +183,14 @@ class WorkloadRunner(Protocol):
     def save(self, directory: str) -> None:
         """A checkpoint at a save boundary (called on every rank; rank 0 writes)."""
 
+    def close(self) -> int | None:
+        """End what load() started, once, after the last window and before the rung's end is recorded: the exit
+        status of a process the runner started (stopped first if it still runs), or None when it started none."""
 
-def make_runner(declaration: WorkloadDeclaration, profile: Profile, config: RunConfig, seed: int) -> WorkloadRunner:
+
+def make_runner(profile: Profile, config: RunConfig, seed: int, context: RunContext) -> WorkloadRunner:
     """The workload's runner for one process: `config` is the effective config, typed and resolved against
     `profile` (Registration.effective_config, RunConfigDeclaration.load)."""
-    module_name, _, attribute = declaration.runner.partition(":")
+    module_name, _, attribute = context.declaration.runner.partition(":")
     runner_class = getattr(importlib.import_module(module_name), attribute)
-    return runner_class(profile=profile, config=config, seed=seed)
+    return runner_class(profile=profile, config=config, seed=seed, context=context)

@@ -25,7 +25,6 @@ from prereg.pairing import FIX as PAIRING_FIX
 from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
 from prereg.provenance import git_state, tool_version
-from prereg.registry import get_workload
 from prereg.schema import CONFIG_DEFAULTS, RETIRED_FIX, Registration, RetiredUse, retired_uses
 from prereg.state import RegistrationState, check_record_rungs, frozen_config_defaults, load_state, require_frozen
 
@@ -71,6 +70,7 @@ def check(ledger: Ledger | None, path: Path) -> CheckResult:
     of the document used is refused, as a new freeze would refuse it; one a frozen version used is a note."""
     reg, _ = load_against(ledger, path)
     refuse_unpaired(reg, str(path))
+    source_hashes(reg, path)  # a source the workload names must exist (hashed at freeze)
     uses = retired_uses(reg)
     frozen = ledger is not None and reg.id in ledger.reg_ids()
     known: set[RetiredUse] = set()
@@ -101,6 +101,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
         )
     refuse_new_freeze(reg, path)
+    sources = source_hashes(reg, path)
     entry = ledger.append(
         "freeze",
         reg.id,
@@ -115,6 +116,7 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
             # document means stays what it meant today, whatever later code defaults to.
             "config_defaults": reg.config_defaults,
             "effective_config": reg.effective_configs(),
+            **({"sources": sources} if sources else {}),
         },
     )
     return FreezeResult(reg.id, doc_hash, entry.head, entry.seq, False)
@@ -191,7 +193,7 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                 where=where,
                 fix="name each [oracles.ID] table by an oracle id of the registration; nothing was written",
             )
-    probes = get_workload(reg.workload).probes
+    probes = reg.declaration().probes
     for oracle_id, observed in rec.oracles.items():
         oracle = next(o for o in reg.item(owner[oracle_id]).oracles if o.id == oracle_id)
         problem = observation_problem(oracle.kind, dict(observed), oracle.bounds, probes[oracle.probe].observes)
@@ -202,7 +204,7 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                 fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written",
             )
     check_record_rungs(reg, list(rec.rungs), where)
-    metrics = get_workload(reg.workload).metrics
+    metrics = reg.declaration().metrics
     item_ids = [i.id for i in reg.items]
     for rung_id, rung in rec.rungs.items():
         for item in rung.items:
@@ -337,6 +339,43 @@ def adopt(
     return AdoptResult(ledger.append("adopt", reg_id, body), False)
 
 
+def source_hashes(reg: Registration, path: Path) -> dict[str, str]:
+    """sha256 of every source file the document's workload names (a command's scripts), by its path relative to
+    the registration file's folder. A missing one is bad input: a document must be runnable when it is frozen."""
+    hashes = {}
+    for source in reg.declaration().sources:
+        file = path.parent / source
+        if not file.is_file():
+            raise InvalidInput(
+                f"command.sources: {source!r} is not a file (looked for {file})",
+                where=str(path),
+                fix="create it, or correct command.sources (paths relative to command.cwd); nothing was written",
+            )
+        hashes[source] = file_hash(file.read_bytes())
+    return hashes
+
+
+def check_sources_unchanged(ledger: Ledger, reg: Registration, path: Path) -> None:
+    """`prereg run` refuses a source file that changed since freeze (or is gone, or was never hashed), naming it."""
+    frozen = next(ledger.entries(reg_id=reg.id, kinds=("freeze",)))
+    recorded = frozen.data.get("sources", {})
+    for source in reg.declaration().sources:
+        file = path.parent / source
+        if source not in recorded:
+            raise Refused(
+                f"source {source!r} was not hashed when {reg.id} was frozen",
+                where=str(path),
+                fix="the sources a ladder runs are fixed at freeze: register the new list under a new id",
+            )
+        if not file.is_file() or file_hash(file.read_bytes()) != recorded[source]:
+            raise Refused(
+                f"{file} {'changed' if file.is_file() else 'is gone'} since {reg.id} was frozen",
+                where=str(file),
+                fix="restore the frozen file (git checkout it); a changed script is another experiment: freeze it "
+                "under a new id",
+            )
+
+
 def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
     """`prereg run` refuses a registration file that no longer matches what was frozen (only the freeze entry
     is read: no projection of the registration's windows)."""
@@ -368,6 +407,8 @@ __all__ = [
     "adopt",
     "AdoptResult",
     "check_source_unchanged",
+    "check_sources_unchanged",
+    "source_hashes",
     "FreezeResult",
     "canonical_hash",
 ]

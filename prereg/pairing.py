@@ -13,7 +13,6 @@ differ in such a key. Comparing speed or memory across them stays allowed: that 
 from __future__ import annotations
 
 from prereg.errors import InvalidInput
-from prereg.registry import get_workload
 from prereg.rules import Scope, compile_expr
 from prereg.schema import Registration, scope_names
 
@@ -26,7 +25,7 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
     each names the field, the metric, the rungs and the key with each rung's value."""
     if reg.protocol.kind != "compare":
         return []
-    workload = get_workload(reg.workload)
+    workload = reg.declaration()
     regrouping = workload.run_config.regrouping_keys()
     paired = {metric.name for metric in workload.metrics.values() if metric.paired}
     if not regrouping or not paired:

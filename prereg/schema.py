@@ -25,8 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from prereg.registry import get_workload
+from prereg.registry import TableError, UnknownWorkload, get_workload
 from prereg.rules import RuleError, Scope, compile_expr
+from prereg.template import first_blank
 from prereg.workload import ConfigError, RetiredOption, RunConfig, WorkloadDeclaration
 
 # No "." in ids: amendments and review name fields by dotted paths (items.P1.oracles.P1a.bounds), and an id with a
@@ -261,11 +262,27 @@ class Registration(Strict):
     _config_defaults: dict[str, Any] = PrivateAttr(default_factory=dict)
     _effective: dict[str, RunConfig] = PrivateAttr(default_factory=dict)
     _gate_config: RunConfig | None = PrivateAttr(default=None)
+    # The declaration of a workload the document declares itself (workload = "command"), validated by that
+    # workload's factory. Absent, it is left out of the document, so documents without one hash as they always did.
+    command: dict[str, Any] | None = Field(default=None, exclude_if=lambda table: table is None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_blanks(cls, data: Any) -> Any:
+        blank = first_blank(data)
+        if blank is not None:
+            path, text = blank
+            raise ValueError(f"{path}: {text!r} is a blank of the template; fill it in")
+        return data
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> "Registration":
         resolve_references(self, (info.context or {}).get(CONFIG_DEFAULTS))
         return self
+
+    def declaration(self) -> WorkloadDeclaration:
+        """The workload's declaration, as this document resolves it (built from its own table where it has one)."""
+        return get_workload(self.workload, self.command)
 
     # Convenience lookups (pure functions of the document).
     def item(self, item_id: str) -> Item:
@@ -430,12 +447,20 @@ def resolve_references(reg: Registration, config_defaults: dict[str, Any] | None
     """Resolve every name the document uses; raise ValueError naming the field path and the allowed names.
     The run configs resolve with `config_defaults` (a frozen document's table), else the workload's current ones."""
     try:
-        workload = get_workload(reg.workload)
-    except ValueError as error:
+        workload = reg.declaration()
+    except UnknownWorkload as error:
         raise ValueError(f"workload: {error}") from None
+    except TableError as error:  # the table's own field path, under the document's
+        raise ValueError(f"{f'command.{error.path}' if error.path else 'command'}: {error.message}") from None
     if reg.profile not in workload.profiles:
         raise ValueError(
             f"profile: {reg.profile!r} is not a profile of {workload.name}; it has {sorted(workload.profiles)}"
+        )
+    if workload.own_process and reg.protocol.schedule == "interleaved":
+        raise ValueError(
+            f"protocol.schedule: workload {workload.name} runs each rung as a process of its own, from start to "
+            f"finish, and rungs cannot take turns in it window by window (a process paused with SIGSTOP still holds "
+            f'its device memory); set schedule = "sequential"'
         )
 
     item_ids = [i.id for i in reg.items]

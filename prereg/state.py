@@ -25,6 +25,7 @@ from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
 from prereg.registry import get_workload
 from prereg.schema import CONFIG_DEFAULTS, Registration
+from prereg.workload import WorkloadDeclaration
 
 RUN_KINDS = ("run-start", "run-end", "interrupted", "kill", "gate", "ceiling")
 
@@ -324,9 +325,11 @@ def require_frozen(ledger: Ledger, reg_id: str, *, with_windows: bool = True) ->
 # --- rung summaries -------------------------------------------------------------------------------------------
 
 
-def summarize(run: RungRun, discard_first: int, workload_name: str) -> tuple[dict[str, Any], dict[str, list[float]]]:
+def summarize(
+    run: RungRun, discard_first: int, workload: WorkloadDeclaration
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """A rung's summary per metric, and the per-window samples it was taken over (kept windows only)."""
-    metrics = get_workload(workload_name).metrics
+    metrics = workload.metrics
     kept = [w for w in run.windows if w.get("step", 0) > discard_first]
     samples: dict[str, list[float]] = {}
     for window in kept:

@@ -21,7 +21,6 @@ from prereg.canonical import canonical_hash
 from prereg.cost import cost_summary
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
-from prereg.registry import get_workload
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import ConditionalLand, Registration
 from prereg.sensitivity import decision_bars, robustness
@@ -64,7 +63,7 @@ def rung_views(reg: Registration, state: RegistrationState) -> dict[str, RungVie
         reading = [r for r in candidates if r.status in acceptable and sorted(r.items) == sorted(planned.items)]
         if reading:
             run = reading[-1]
-            summary, samples = summarize(run, reg.protocol.discard_first, reg.workload)
+            summary, samples = summarize(run, reg.protocol.discard_first, reg.declaration())
             views[planned.id] = RungView(planned.id, planned, run, summary, samples, None)
             continue
         if candidates:
@@ -186,7 +185,7 @@ def read_scope(reg: Registration) -> Scope:
         kind="reads",
         reads=frozenset(reg.reads),
         rungs=frozenset(rung_ids) | ({"PASS"} if reg.protocol.kind == "until_pass" else set()),
-        metrics=frozenset(get_workload(reg.workload).metrics),
+        metrics=frozenset(reg.declaration().metrics),
         items=frozenset(i.id for i in reg.items),
         oracles=frozenset(o.id for i in reg.items for o in i.oracles),
         kills=frozenset([k.id for k in reg.kill] + rung_ids),
@@ -256,7 +255,7 @@ def _bootstrap_draws(
     by window index, the same indices in every rung, over the windows all rungs have: a draw compares like with
     like. Drawn independently, a read over a falling loss compared one rung's early windows with another's late
     ones (molmo2-fast-same-steps-h200's loss_gap of 0.8% got an interval reaching 33%)."""
-    workload_metrics = get_workload(env.reg.workload).metrics
+    workload_metrics = env.reg.declaration().metrics
     resamplable = {
         (rung_id, metric): values
         for rung_id, view in views.items()

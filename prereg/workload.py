@@ -103,15 +103,17 @@ class Profile:
     gpus: int  # 0 for CPU profiles
     geometry: str
     description: str
-    processes: int = 0  # processes of a rung; 0: one per GPU, one on the CPU. More than one: under torchrun
+    # Processes of a rung; 0: one per GPU, one on the CPU. More than one: the engine starts them under torchrun.
+    # 1 on several GPUs: one engine process holds them all and its runner starts the ranks (the command workload).
+    processes: int = 0
 
     def __post_init__(self) -> None:
         if self.processes < 0:
             raise ValueError(f"profile {self.name}: processes = {self.processes} must be >= 0 (0: one per GPU)")
-        if self.device == "cuda" and self.processes not in (0, self.gpus):
-            # One process per GPU: each rank owns one device (nccl), so the two counts cannot differ.
+        if self.device == "cuda" and self.processes not in (0, 1, self.gpus):
+            # One engine process per GPU: each rank owns one device (nccl), so the two counts cannot differ.
             raise ValueError(
-                f"profile {self.name}: processes = {self.processes} on {self.gpus} GPUs; allowed: 0 or {self.gpus}"
+                f"profile {self.name}: processes = {self.processes} on {self.gpus} GPUs; allowed: 0, 1 or {self.gpus}"
             )
 
     @property
@@ -292,6 +294,14 @@ class WorkloadDeclaration:
     # on their stack (a functional forward, the loss, the step that casts the logits): the memory forensics
     # (engine/memory/forensics.py) reads the workload's snapshots with these beside its generic frame rules.
     activation_frames: frozenset[str] = frozenset()
+
+    # Files the document's behaviour rests on beyond the workload's own code, relative to the registration file's
+    # folder: hashed at freeze, and a run refused when one changed (a command workload's scripts).
+    sources: tuple[str, ...] = ()
+    # Whether its runner does a rung's work in a process of its own (a command's script) rather than in the rung
+    # process: such a rung runs from start to finish (no interleaved schedule), and the engine's own torch and
+    # devices describe nothing that process ran.
+    own_process: bool = False
 
     def __post_init__(self) -> None:
         redeclared = sorted(set(self.metrics) & set(ENGINE_METRICS))

@@ -191,8 +191,9 @@ def test_a_profile_of_several_processes_launches_its_rungs_under_torchrun():
 
 
 def test_profile_processes_are_validated():
-    with pytest.raises(ValueError, match="allowed: 0 or 2"):
+    with pytest.raises(ValueError, match="allowed: 0, 1 or 2"):
         Profile("bad", "cuda", 2, "4b", "one process per GPU", processes=3)
+    assert Profile("one", "cuda", 2, "script", "its runner starts the ranks", processes=1).world_size == 1
     with pytest.raises(ValueError, match=">= 0"):
         Profile("bad", "cpu", 0, "tiny", "", processes=-1)
 

@@ -39,7 +39,7 @@ from engine.molmo2.train.distributed import (
     with_global_loss_tokens,
 )
 from engine.molmo2.train.step import Step, TrainConfig, Trainer, prepare_step
-from engine.workload import MEMORY_DIR_VARIABLE, Ranks
+from engine.workload import MEMORY_DIR_VARIABLE, Ranks, RunContext
 from prereg.workload import Profile
 
 
@@ -79,8 +79,9 @@ COMPILED_PAD_MULTIPLE = (16, 16)
 
 
 class Molmo2Runner:
-    def __init__(self, profile: Profile, config: Molmo2RunConfig, seed: int):
+    def __init__(self, profile: Profile, config: Molmo2RunConfig, seed: int, context: RunContext | None = None):
         """`config`: the rung's effective config, resolved against `profile` (engine.molmo2.run_config)."""
+        del context  # the model trains in this process: the rung reaches it through set_switches and train_window
         if profile.geometry not in GEOMETRIES:
             raise ValueError(
                 f"profile {profile.name}: geometry {profile.geometry!r} is not one of {sorted(GEOMETRIES)}"
@@ -292,6 +293,10 @@ class Molmo2Runner:
         if self.ranks.writer:
             write_checkpoint(self.model, self.config, directory)
         save_training_state(self.trainer, os.path.join(directory, OPTIMIZER_STATE), self.ranks)
+
+    def close(self) -> None:
+        """Nothing to end: the model lives in this process, which ends with the rung."""
+        return None
 
     # ---- probes ----
     def fresh(self, switches: Switches) -> Trainer:

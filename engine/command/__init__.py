@@ -1,0 +1,1 @@
+"""The command workload: any script governed without changing prereg (declaration, process runner, windows)."""
