@@ -248,13 +248,14 @@ def new(
 @app.command()
 def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Validate and freeze a registration; prints id, document hash, ledger head."""
-    from prereg.actions import freeze_registration, load_against, refuse_new_freeze
+    from prereg.actions import freeze_registration, load_against, refuse_new_freeze, source_hashes
 
     with verb(as_json):
         # Validate before the ledger is opened for writing: a bad file must not even create an empty ledger (exit 2
         # writes nothing). A document already frozen there resolves with the defaults it was frozen with.
         with existing_ledger(ledger) as known:
             reg, raw = load_against(known, file)
+            source_hashes(reg, file)  # a source the workload names must exist
             if known is None or reg.id not in known.reg_ids():
                 refuse_new_freeze(reg, file)
         with open_ledger(ledger, create=True) as store:
@@ -419,7 +420,6 @@ def run(
 @app.command()
 def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
     """Apply the frozen rules to what was measured; record and print the verdict."""
-    from prereg.registry import get_workload
     from prereg.state import load_state
     from prereg.verdict import record_verdict
 
@@ -428,8 +428,7 @@ def verdict(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOption)
         seq, head = store.head()
         if emit(as_json, {**result, "recorded": appended, "head": head}):
             return
-        workload = load_state(store, reg_id, with_windows=False).registration().workload
-        print_verdict(result, get_workload(workload))
+        print_verdict(result, load_state(store, reg_id, with_windows=False).registration().declaration())
         out.print(
             f"verdict {'recorded' if appended else 'unchanged (already recorded)'}"
             f" · ledger head {head[:16]} (entry {seq})"
@@ -863,9 +862,8 @@ def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
 def print_effective_config(reg, defaults: str) -> None:
     """Every run-config key per rung: the value each rung runs with, a default marked (the document did not set
     it). A retired key that no rung sets is left out: it is no longer a key a document may set."""
-    from prereg.registry import get_workload
 
-    retired = get_workload(reg.workload).run_config.retired_keys()
+    retired = reg.declaration().run_config.retired_keys()
     rung_ids = [r.id for r in reg.protocol.rungs]
     configs = {r: reg.effective_config(r).model_dump(mode="json") for r in rung_ids}
     rows = []

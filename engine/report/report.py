@@ -20,7 +20,6 @@ from prereg.audit import audit_show
 from prereg.cost import ladder_cost
 from prereg.display import cell, heading, rung_metrics
 from prereg.ledger import Ledger
-from prereg.registry import get_workload
 from prereg.state import load_state
 from prereg.verdict import compute_verdict
 from prereg.workload import Metric, WorkloadDeclaration
@@ -139,7 +138,7 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
     verdict = compute_verdict(ledger, reg_id)
     show = audit_show(ledger, reg_id)
     reg = state.registration()
-    workload = get_workload(reg.workload)
+    workload = reg.declaration()
     cost = ladder_cost(ledger, reg_id, state)
     windows = _windows_by_rung(state, verdict)
     images: list[tuple[str, str]] = []
