@@ -13,14 +13,14 @@ import sys
 import pytest
 import torch
 from conftest import REPO
-from molmo2_fixtures import make_runner
+from molmo2_fixtures import make_runner, train_config
 from test_molmo2_parity import hub_state_from_tfm
 
 from engine.molmo2.attention.execution import Execution
 from engine.molmo2.attention.packing import pack
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model
-from engine.molmo2.train.step import TrainConfig, Trainer, prepare_step
+from engine.molmo2.train.step import Trainer, prepare_step
 
 sys.path.insert(0, str(REPO / "bench"))
 from molmo2_peer import transformers_config, transformers_inputs  # noqa: E402
@@ -78,7 +78,7 @@ def our_model(peer, config: Molmo2Config, execution: Execution) -> Molmo2Model:
 
 
 def our_step(model: Molmo2Model, step) -> tuple[float, dict[str, torch.Tensor]]:
-    trainer = Trainer(model, TrainConfig(batch=4, backward_chunks=len(step.chunks)), torch.device("cpu"))
+    trainer = Trainer(model, train_config(batch=4, backward_chunks=len(step.chunks)), torch.device("cpu"))
     loss = float(trainer.accumulate_gradients(step))
     return loss, {name: p.grad for name, p in model.named_parameters() if name.startswith("model.transformer.")}
 
