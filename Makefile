@@ -22,7 +22,10 @@ venv: $(BIN)/.installed
 REQUIRE_POSTGRES ?=
 export REQUIRE_POSTGRES
 
+# ruff first: lint and format at 120 columns (pyproject.toml) are part of the suite.
 test: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	url=$$(bash tests/postgres_server.sh) && \
 	PREREG_TEST_POSTGRES_URL="$$url" $(BIN)/python -m pytest -n 2 --dist loadgroup tests
 

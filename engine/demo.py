@@ -56,7 +56,8 @@ def main() -> None:
     else:
         prereg("report", REG_ID, "--out", str((work / "report").relative_to(ROOT)), ledger=ledger)
     print(
-        f"\ndemo finished in {time.monotonic() - start:.0f} s · report: {(work / 'report' / 'report.html').relative_to(ROOT)}"
+        f"\ndemo finished in {time.monotonic() - start:.0f} s · report: "
+        f"{(work / 'report' / 'report.html').relative_to(ROOT)}"
     )
 
 

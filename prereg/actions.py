@@ -98,7 +98,8 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
         raise Refused(
             f"{reg.id} is already frozen with document {frozen.doc_hash[:12]}; this file's document is {doc_hash[:12]}",
             where=str(path),
-            fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend {reg.id} FILE`",
+            fix=f"a frozen registration never changes: write the change as an amendment file and run `prereg amend "
+            f"{reg.id} FILE`",
         )
     refuse_new_freeze(reg, path)
     sources = source_hashes(reg, path)
@@ -201,7 +202,8 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
             raise InvalidInput(
                 f"oracles.{oracle_id}: {problem}",
                 where=where,
-                fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was written",
+                fix="name each observed value as the oracle reads it (the frozen bounds judge them); nothing was "
+                "written",
             )
     check_record_rungs(reg, list(rec.rungs), where)
     metrics = reg.declaration().metrics
@@ -227,7 +229,8 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
     observed_before = sorted(set(rec.oracles) & set(state.oracles))
     if observed_before:
         raise Refused(
-            f"oracles {observed_before} already have results: a parity result stands, and re-observing it until it passes would re-tolerance it",
+            f"oracles {observed_before} already have results: a parity result stands, and re-observing it until it "
+            "passes would re-tolerance it",
             where=where,
             fix="remove those [oracles.ID] tables; an item whose oracle failed stays dropped",
         )
@@ -391,7 +394,8 @@ def check_source_unchanged(ledger: Ledger, reg_id: str, path: Path) -> None:
         raise Refused(
             f"{path} changed since it was frozen" + (" (formatting only)" if same_document else ""),
             where=str(path),
-            fix="restore the frozen file (git checkout it); a change to a frozen registration is an amendment: prereg amend",
+            fix="restore the frozen file (git checkout it); a change to a frozen registration is an amendment: "
+            "prereg amend",
         )
 
 

@@ -61,9 +61,10 @@ def unpaired_comparisons(reg: Registration) -> list[str]:
             settings = "; ".join(
                 f"{key}: " + ", ".join(f"{rung}={values[rung][key]}" for rung in compared) for key in differing
             )
-            problems.append(f"{where} = {text!r} compares {', '.join(metrics)} across rungs {', '.join(compared)}, whose "
-                            f"steps group the samples differently ({settings}): not a paired comparison "
-                            f"(seed 002: paired arms must share the flag)")  # fmt: skip
+            problems.append(
+                f"{where} = {text!r} compares {', '.join(metrics)} across rungs {', '.join(compared)}, whose steps "
+                f"group the samples differently ({settings}): not a paired comparison (paired arms must share the flag)"
+            )
     return problems
 
 

@@ -485,24 +485,28 @@ def resolve_references(reg: Registration, config_defaults: dict[str, Any] | None
     for item in reg.items:
         if item.switch not in workload.switches:
             raise ValueError(
-                f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has {sorted(workload.switches)}"
+                f"items.{item.id}.switch: {item.switch!r} is not a switch of {workload.name}; it has "
+                f"{sorted(workload.switches)}"
             )
         for oracle in item.oracles:
             where = f"items.{item.id}.oracles.{oracle.id}"
             probe = workload.probes.get(oracle.probe)
             if probe is None:
                 raise ValueError(
-                    f"{where}.probe: {oracle.probe!r} is not a probe of {workload.name}; it has {sorted(workload.probes)}"
+                    f"{where}.probe: {oracle.probe!r} is not a probe of {workload.name}; it has "
+                    f"{sorted(workload.probes)}"
                 )
             if oracle.kind not in probe.oracle_kinds:
                 raise ValueError(
-                    f"{where}.kind: probe {probe.name} cannot be judged by a {oracle.kind} oracle; it supports {sorted(probe.oracle_kinds)}"
+                    f"{where}.kind: probe {probe.name} cannot be judged by a {oracle.kind} oracle; it supports "
+                    f"{sorted(probe.oracle_kinds)}"
                 )
             if oracle.kind == "tolerance":
                 unknown = sorted(set(oracle.bounds) - probe.observes)
                 if unknown:
                     raise ValueError(
-                        f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes {sorted(probe.observes)}"
+                        f"{where}.bounds: probe {probe.name} does not observe {unknown}; it observes "
+                        f"{sorted(probe.observes)}"
                     )
 
     for rung in reg.protocol.rungs:

@@ -224,8 +224,10 @@ AMENDMENTS = [
     ),
     (
         "removing an item with results",
-        '[set]\nitems = [{ id = "P2", title = "w", switch = "windowed_vram_peak", bitwise = true, oracles = [{ id = "P2a", kind = "schema", probe = "window_schema" }] }]\n'
-        '[set.protocol]\nrungs = [{ id = "A", items = [] }, { id = "B", items = ["P2"] }, { id = "C", items = ["P2"] }]\n'
+        '[set]\nitems = [{ id = "P2", title = "w", switch = "windowed_vram_peak", bitwise = true, '
+        'oracles = [{ id = "P2a", kind = "schema", probe = "window_schema" }] }]\n'
+        '[set.protocol]\nrungs = [{ id = "A", items = [] }, { id = "B", items = ["P2"] }, '
+        '{ id = "C", items = ["P2"] }]\n'
         "[set.rules.R-land]\nland = []\n[set.rules.R-hygiene]\npark = []\n",
         "items.P1",
         "removing it edits history",

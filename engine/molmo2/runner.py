@@ -141,8 +141,11 @@ class Molmo2Runner:
         self.fast = make_fast_tokenizer(
             self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size
         )
-        self.collator = Collator(self.layout, self.fast, ByteTokenizer.for_layout(self.layout), self.geometry.image_geometry(),
-                                 self.run_config.max_crops, pad_multiple=self.pad_multiple())  # fmt: skip
+        text = ByteTokenizer.for_layout(self.layout)
+        self.collator = Collator(
+            self.layout, self.fast, text, self.geometry.image_geometry(), self.run_config.max_crops,
+            pad_multiple=self.pad_multiple(),
+        )  # fmt: skip
         cameras = self.run_config.camera_counts
         data = RigDataset(self.seed, self.geometry.episodes, camera_counts=cameras, image_size=self.geometry.image_size)
         self.eval_data = RigDataset(

@@ -200,8 +200,10 @@ class Trainer:
         (each gradient divided by 1/c as the optimizer reads it) instead of a multiply over every gradient first.
         Returns the pre-clip norm, as clip_grad_norm_ does."""
         if not (type(self.optimizer) is torch.optim.AdamW and self.optimizer.defaults.get("fused")):
-            raise ValueError(f"clip_in_adamw (X4) needs the fused torch.optim.AdamW (this workload's on CUDA); this run's "
-                             f"optimizer is {type(self.optimizer).__name__} (fused={self.optimizer.defaults.get('fused')})")  # fmt: skip
+            raise ValueError(
+                "clip_in_adamw (X4) needs the fused torch.optim.AdamW (this workload's on CUDA); this run's optimizer "
+                f"is {type(self.optimizer).__name__} (fused={self.optimizer.defaults.get('fused')})"
+            )
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.trainable if p.grad is not None])
         coefficient = torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0)
         self.optimizer.grad_scale = 1.0 / coefficient
