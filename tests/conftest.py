@@ -434,3 +434,20 @@ class RawLedgerDb:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def every_workload_declaration():
+    """name -> the declaration of every installed workload: a workload its document declares (the command
+    workload) is declared by the bundled example's table."""
+    import tomllib
+
+    from prereg.registry import TableError, get_workload, installed_workloads
+
+    example = tomllib.loads((REPO / "examples" / "command" / "mlp-matmul.toml").read_text())["command"]
+    found = {}
+    for name in installed_workloads():
+        try:
+            found[name] = get_workload(name)
+        except TableError:
+            found[name] = get_workload(name, example)
+    return found

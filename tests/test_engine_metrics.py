@@ -9,13 +9,12 @@ import re
 import shutil
 
 import pytest
-from conftest import REPO
+from conftest import REPO, every_workload_declaration
 
 from engine.molmo2.declaration import METRICS as MOLMO2_METRICS
 from prereg.display import cell, heading, rung_metrics
 from prereg.ledger import Ledger
-from prereg.registry import get_workload, installed_workloads
-from prereg.schema import Registration
+from prereg.registry import get_workload
 from prereg.state import load_state
 from prereg.workload import ENGINE_METRICS, WINDOW_FIELDS, Metric, WorkloadDeclaration
 
@@ -30,8 +29,8 @@ def declaration(**metrics: Metric) -> WorkloadDeclaration:
 def test_the_engine_declares_its_metrics_once_for_every_workload() -> None:
     assert set(ENGINE_METRICS) == ENGINE_NAMES
     assert not ENGINE_NAMES & set(MOLMO2_METRICS)  # the workload declares only its own
-    for name in installed_workloads():
-        assert ENGINE_NAMES <= set(get_workload(name).metrics), name
+    for name, workload in every_workload_declaration().items():
+        assert ENGINE_NAMES <= set(workload.metrics), name
     toy = declaration(s_per_step=Metric("s_per_step", "s", "median", "seconds per step"))
     assert set(toy.metrics) == {"s_per_step"} | ENGINE_NAMES
 
@@ -50,8 +49,9 @@ def test_every_document_the_lab_froze_still_validates_with_the_engine_metrics(tm
     naming = set()
     with Ledger.open(str(copy), create=False) as ledger:
         for reg_id in ledger.reg_ids():
-            for version in load_state(ledger, reg_id, with_windows=False).versions:
-                reg = Registration.model_validate(version.document)
+            state = load_state(ledger, reg_id, with_windows=False)
+            for version in state.versions:
+                reg = state.registration_at(version.number)  # under the defaults it was frozen with
                 rules = [reg.protocol.pass_rule or "", *reg.reads.values(), *(k.when for k in reg.kill)]
                 if any(engine_name.search(text) for text in rules):
                     naming.add(reg_id)

@@ -105,10 +105,11 @@ MEASURES_WORKLOAD_FIELDS = {"engine/memory/meter.py"}
 
 
 def workload_metric_names() -> set[str]:
-    from prereg.registry import get_workload, installed_workloads
+    from conftest import every_workload_declaration
+
     from prereg.workload import ENGINE_METRICS, WINDOW_FIELDS
 
-    names = {name for workload in installed_workloads() for name in get_workload(workload).metrics}
+    names = {name for workload in every_workload_declaration().values() for name in workload.metrics}
     return names - set(ENGINE_METRICS) - set(WINDOW_FIELDS)
 
 
