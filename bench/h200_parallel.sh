@@ -2,8 +2,8 @@
 # Work side by side on a host of several H200s (kind nvidia-h200-x2): one lane per GPU, each lane a list of tasks
 # run one after another on its GPU, the lanes at once.
 #
-#   LANE0="ladder=molmo2-x2-h200" LANE1="ladder=molmo2-fast-same-steps-h200" BUDGET_S=480 bash bench/h200_parallel.sh
-#   LANE0="ladder=reg-a@300 gputests" LANE1="peer=baseline,fast-c1@defaults-c6" bash bench/h200_parallel.sh
+#   GPU0="ladder=molmo2-x2-h200" GPU1="ladder=molmo2-fast-same-steps-h200" BUDGET_S=480 bash bench/h200_parallel.sh
+#   GPU0="ladder=reg-a@300 gputests" GPU1="peer=baseline,fast-c1@defaults-c6" bash bench/h200_parallel.sh
 #   REGS="reg-a reg-b" BUDGET_S=480 bash bench/h200_parallel.sh      (shorthand: one ladder per lane)
 #
 # Tasks:
@@ -21,7 +21,7 @@
 #                    beside torch's FlashAttention-2
 # A task that exits non-zero ends its lane (the tasks after it do not run).
 # Each lane's log is $OUT/lane<i>.log, its benchmark JSON under $OUT/lane<i>/; ledger.db comes back under $OUT.
-# PEER_LAST=1 times the peer after our arms. LANE_TIMEOUT_S=S stops every lane's tasks after S seconds (SIGTERM).
+# PEER_LAST=1 times the peer after our arms. GPU_TIMEOUT_S=S stops every lane's tasks after S seconds (SIGTERM).
 set -uo pipefail
 source bench/device_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -50,23 +50,23 @@ run_task() {  # one task on the GPU this lane was given
 
 if [ -n "${REGS:-}" ]; then
   lane=0
-  for reg in $REGS; do declare "LANE$lane=ladder=$reg"; lane=$((lane + 1)); done
+  for reg in $REGS; do declare "GPU$lane=ladder=$reg"; lane=$((lane + 1)); done
 fi
 for lane in 0 1 2 3 4 5 6 7; do
-  tasks_var="LANE$lane"; tasks=${!tasks_var:-}
+  tasks_var="GPU$lane"; tasks=${!tasks_var:-}
   [ -n "$tasks" ] || continue
   others=""  # what the other lanes run, for the benchmark's conditions
   for other in 0 1 2 3 4 5 6 7; do
-    other_var="LANE$other"
+    other_var="GPU$other"
     [ "$other" != "$lane" ] && [ -n "${!other_var:-}" ] && others="$others GPU $other: ${!other_var};"
   done
   (
     export CUDA_VISIBLE_DEVICES=$lane ALONGSIDE="${others# }" TASKS="$tasks"
     export -f run_task
-    # LANE_TIMEOUT_S: the lane's tasks get SIGTERM then (a ladder stops cleanly on it), so this script still
-    # brings the ledger back inside the device call's limit; a timeout around the whole script would not.
+    # GPU_TIMEOUT_S: the lane's tasks get SIGTERM then (a ladder stops cleanly on it), so this script still
+    # brings the ledger back inside the machine's time limit; a timeout around the whole script would not.
     # A task that fails ends its lane: a ladder after a failed GPU test would spend the call on a broken path.
-    timeout --kill-after=30 "${LANE_TIMEOUT_S:-86400}" bash -c 'for task in $TASKS; do run_task "$task" || { echo "== lane stopped: $task failed"; break; }; done'
+    timeout --kill-after=30 "${GPU_TIMEOUT_S:-86400}" bash -c 'for task in $TASKS; do run_task "$task" || { echo "== lane stopped: $task failed"; break; }; done'
   ) > "$OUT/lane$lane.log" 2>&1 &
 done
 wait
@@ -75,6 +75,6 @@ for lane in 0 1 2 3 4 5 6 7; do
   [ -f "$OUT/lane$lane.log" ] || continue
   echo "==== lane $lane"; grep -E "^== |passed|failed|stopped|verdict|budget|^ours|^transformers|ceiling" "$OUT/lane$lane.log" | tail -25
 done
-for reg in $(grep -hoE "(ladder|gate)=[^ @]*" <<< "${LANE0:-} ${LANE1:-} ${LANE2:-} ${LANE3:-}" | cut -d= -f2 | sort -u); do
+for reg in $(grep -hoE "(ladder|gate)=[^ @]*" <<< "${GPU0:-} ${GPU1:-} ${GPU2:-} ${GPU3:-}" | cut -d= -f2 | sort -u); do
   python3 cli.py audit show "$reg" --ledger ledger.db | tail -12
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer benchmark on one H200 (kind nvidia-h200), in one device call:
+# The peer benchmark on one H200 (kind nvidia-h200), in one run on the machine:
 #   1. every GPU test (`pytest -m gpu tests/`; GPU_TESTS_PATHS: other paths; GPU_TESTS=0: none) and, beside them,
 #      an untimed run of the compiled rows WARM_OURS and WARM_PEER (bench/peer_molmo2.py --cycles 0) that fills
 #      inductor's on-disk cache, so the timed run's compilations are cache hits (cold, our arm's took 2.4-2.9 minutes

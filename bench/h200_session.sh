@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Commands on the lent H200, by PART:
-#   bench   the switch bench (issue 3), then a time-budgeted slice of the ladder REG
+#   bench   the switch bench (bench/molmo2_switches.py), then a time-budgeted slice of the ladder REG
 #   ladder  a time-budgeted slice of the ladder REG (BUDGET_S seconds; default molmo2-perf-pass1-h200)
 #   peer    every GPU test, then bench/peer_molmo2.py over OURS (arms) and PEER (the peer's configurations), its
 #           JSON named NAME (bench/h200_peer.sh does the same with a compile-cache warm-up beside the tests)

@@ -173,9 +173,9 @@ def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[
 
 
 def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
-    """The steps under torch.profiler: the top operators by device time (inclusive), printed and
+    """The steps under torch.profiler: the top operators by device-seconds (inclusive), printed and
     saved, the top operators by input shape (top_shapes.txt: which matmul of which module runs slow), and the
-    top 80 by self time (top_kernels.txt: where the step's device time goes, each kernel counted once)."""
+    top 80 by self time (top_kernels.txt: where the step's device-seconds go, each kernel counted once)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -37,7 +37,7 @@ Ident = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
 
 OracleKind = Literal["tolerance", "bitwise", "byte_match", "curve_overlay", "finite", "schema", "raises", "memory"]
 Confidence = Literal["low", "medium-low", "medium", "medium-high", "high"]
-# Calibration maps each confidence level to a probability (issue 2): used by `audit calibration`'s Brier score.
+# Calibration maps each confidence level to a probability: used by `audit calibration`'s Brier score.
 CONFIDENCE_PROBABILITY: dict[str, float] = {
     "low": 0.2,
     "medium-low": 0.35,

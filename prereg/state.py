@@ -106,7 +106,7 @@ class RegistrationState:
     kills: list[dict[str, Any]]
     verdicts: list[Entry]
     entry_counts: dict[str, int]
-    gates: list[dict[str, Any]] = field(default_factory=list)  # oracle-gate processes: their device time
+    gates: list[dict[str, Any]] = field(default_factory=list)  # oracle-gate processes: their device-seconds
     ceilings: list[dict[str, Any]] = field(default_factory=list)  # what the engine did at the cost ceiling
     adoptions: list[Adoption] = field(default_factory=list)
     config_defaults: dict[str, Any] = field(default_factory=dict)  # the table its run configs resolve with

@@ -1,4 +1,4 @@
-"""Bad input (issue 2's list): every case exits 2, names the file and the field path, says what to do, and leaves
+"""Bad input: every case exits 2, names the file and the field path, says what to do, and leaves
 the ledger byte-for-byte unchanged (the database file and its write-ahead log, compared after the CLI returns)."""
 
 from __future__ import annotations
