@@ -51,7 +51,7 @@ PROBES = {
     ),
     "loss_sums_fp64": Probe(
         "loss_sums_fp64",
-        "the sum-form chunked losses against an fp64 reference; the mean-form losses against HEAD",
+        "the sum-form chunked losses against an fp64 reference; the mean-form losses against the baseline",
         frozenset({"tolerance", "bitwise"}),
         frozenset({"sum_rel", "sum_abs", "mean_abs"}),
     ),

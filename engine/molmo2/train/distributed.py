@@ -22,8 +22,9 @@ state of its shard; updated shards are broadcast every step). Its checkpoints ar
 resume sharded (`resume_sharded`) or into plain AdamW (`resume_unsharded`).
 
 In one process (the oracle gate, a one-process profile) there is nothing to synchronise: these keys leave the
-step exactly HEAD's, plain AdamW included (ZeRO-1's update is AdamW's bit for bit — tests/test_molmo2_distributed.py
-checks it over two ranks — and it needs a process group). The run-end records which mode and optimizer ran.
+step exactly the baseline's, plain AdamW included (ZeRO-1's update is AdamW's bit for bit —
+tests/test_molmo2_distributed.py checks it over two ranks — and it needs a process group). The run-end records
+which mode and optimizer ran.
 """
 
 from __future__ import annotations

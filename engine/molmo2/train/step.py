@@ -107,7 +107,7 @@ def make_optimizer(model: Molmo2Model, config: TrainConfig, factory: OptimizerFa
 
 class GradientSync:
     """How the ranks of a step make its gradient the global batch's. One process has nothing to agree on: this
-    base class runs the plain AR forward, no context around the chunks, no reduction — HEAD's step exactly.
+    base class runs the plain AR forward, no context around the chunks, no reduction — the baseline's step exactly.
     engine.molmo2.train.distributed implements the multi-process modes (DDP, explicit allreduce)."""
 
     world_size = 1
@@ -188,7 +188,7 @@ class Trainer:
         if self.model.switches.clip_in_adamw:
             grad_norm = self._clip_in_adamw()
             self.optimizer.step()
-            del self.optimizer.grad_scale  # this step's only: an interleaved HEAD rung's next step must not see it
+            del self.optimizer.grad_scale  # this step's only: an interleaved baseline rung's next step must not see it
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
             self.optimizer.step()
