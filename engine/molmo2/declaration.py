@@ -19,6 +19,8 @@ SWITCHES = {
     "pool_fp32_math": "X3 (retired: dropped by its ladder; its code left the workload): the pooling attention as "
     "fp32 arithmetic instead of fp32 SDPA, training mode only",
     "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
+    "fp8_decoder_linears": "X5: the decoder blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) "
+    "in training mode only",
 }
 
 _TOL = frozenset({"tolerance"})

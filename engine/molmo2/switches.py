@@ -34,6 +34,10 @@ class Switches:
     # over every gradient first. Below the clip the update is the baseline's bitwise; above it, a divide by 1/c
     # instead of a multiply by c. Needs the fused AdamW.
     clip_in_adamw: bool = False
+    # X5: the decoder blocks' four linears (fused qkv, attention out, fused up/gate, down) as float8 matmuls in
+    # training (torchao's float8 training: dynamic tensorwise scales, e4m3 forward, e5m2 gradients); evaluation and
+    # decode keep bf16. A numerics change.
+    fp8_decoder_linears: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":
