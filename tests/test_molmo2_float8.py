@@ -1,6 +1,7 @@
-"""X5, the decoder blocks' linears as float8 matmuls in training (torchao), on the tiny geometry: the twins share
-the base weights, the switch off is the baseline bitwise, evaluation and decode keep bf16, and the item's probes
-pass at the bounds its registration froze (torchao's float8 matmuls run on the CPU as well)."""
+"""X5 and X6, the decoder blocks' linears as float8 matmuls in training (torchao's tensorwise and rowwise recipes),
+on the tiny geometry: the twins share the base weights, the switch off is the baseline bitwise, evaluation and
+decode keep bf16, at most one recipe is on, and the items' probes pass at the bounds their registrations froze
+(torchao's float8 matmuls run on the CPU as well)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from oracles.judge import judge
 pytest.importorskip("torchao")
 
 X5 = Switches(fp8_decoder_linears=True)
+X6 = Switches(fp8_rowwise_decoder_linears=True)
+SWITCHES = ["fp8_decoder_linears", "fp8_rowwise_decoder_linears"]
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +26,15 @@ def tiny():
     return runner
 
 
-def test_the_twins_share_the_base_weights_and_add_no_state(tiny):
+@pytest.mark.parametrize("switches, recipe", [(X5, "tensorwise"), (X6, "rowwise")])
+def test_the_twins_share_the_base_weights_and_add_no_state(tiny, switches, recipe):
     model = tiny.model
     keys = set(model.state_dict())
-    model.switches = X5
+    model.switches = switches
     try:
         block = model.transformer.blocks[0]
         for module, name in ((block.self_attn, "att_proj"), (block.self_attn, "attn_out"), (block.mlp, "ff_proj")):
-            twin = module.__dict__[f"_float8_{name}"]
+            twin = module.__dict__[f"_float8_{recipe}_{name}"]
             assert type(twin).__name__ == "Float8Linear"
             assert twin.weight is getattr(module, name).weight  # one Parameter: the optimizer sees it once
         assert set(model.state_dict()) == keys
@@ -38,13 +42,19 @@ def test_the_twins_share_the_base_weights_and_add_no_state(tiny):
         model.switches = BASELINE
 
 
-def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny):
+def test_at_most_one_float8_recipe():
+    with pytest.raises(ValueError, match="at most one"):
+        Switches(fp8_decoder_linears=True, fp8_rowwise_decoder_linears=True)
+
+
+@pytest.mark.parametrize("switches", [X5, X6])
+def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny, switches):
     model = tiny.model
     x = torch.randn(2, 16, model.config.text.hidden_size)
     mlp = model.transformer.blocks[0].mlp
     model.train()
     baseline = mlp(x)
-    model.switches = X5
+    model.switches = switches
     try:
         assert not torch.equal(mlp(x), baseline)  # training with the switch on: float8 matmuls
         model.eval()
@@ -55,8 +65,9 @@ def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny):
     assert torch.equal(mlp(x), baseline)  # flipped back without a reload: the baseline, bitwise
 
 
-# The bounds molmo2-fp8-h200 froze for X5a, X5b and X5c (at the tiny geometry the numbers are small; the 4B gate
-# is what judges the item).
+# The bounds molmo2-fp8-h200 froze for X5a, X5b and X5c, and molmo2-fp8-rowwise-h200 for X6's (at the tiny
+# geometry the numbers are small; the 4B gate is what judges the item).
+@pytest.mark.parametrize("switch", SWITCHES)
 @pytest.mark.parametrize(
     "probe, kind, bounds",
     [
@@ -65,25 +76,27 @@ def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny):
         ("decode_bytes", "byte_match", {}),
     ],
 )
-def test_the_items_probes_pass_at_its_frozen_bounds(tiny, probe, kind, bounds):
-    observed = tiny.probe(probe, "fp8_decoder_linears", {"steps": 4})
+def test_the_items_probes_pass_at_their_frozen_bounds(tiny, switch, probe, kind, bounds):
+    observed = tiny.probe(probe, switch, {"steps": 4})
     assert judge(kind, observed, bounds).passed, observed
 
 
-def test_one_step_sees_the_float8_rounding(tiny):
-    observed = tiny.probe("one_step", "fp8_decoder_linears", {})
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_one_step_sees_the_float8_rounding(tiny, switch):
+    observed = tiny.probe("one_step", switch, {})
     assert observed["equal"] < observed["total"]  # not a vacuous pass: every gradient moved
     assert 0 < observed["loss_rel"] < 5e-3
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_float8_matmuls_on_cuda_track_bf16():
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_matmuls_on_cuda_track_bf16(recipe):
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 512, bias=False, device="cuda", dtype=torch.bfloat16)
     from engine.molmo2.model.float8 import float8_twin
 
-    twin = float8_twin(linear)
+    twin = float8_twin(linear, recipe)
     x = torch.randn(100, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # 100 rows: not a multiple of 16
     out, ref = twin(x), linear(x)
     assert out.dtype == torch.bfloat16

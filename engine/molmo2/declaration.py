@@ -21,6 +21,8 @@ SWITCHES = {
     "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
     "fp8_decoder_linears": "X5: the decoder blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) "
     "in training mode only",
+    "fp8_rowwise_decoder_linears": "X6: the decoder blocks' linears on torchao's rowwise float8 recipe (a scale per "
+    "row), training mode only; at most one of X5 and X6",
 }
 
 _TOL = frozenset({"tolerance"})

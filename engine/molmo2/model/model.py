@@ -124,9 +124,10 @@ class Molmo2Model(nn.Module):
     @switches.setter
     def switches(self, switches: Switches) -> None:
         self._switches = switches
+        recipe = switches.float8_recipe()
         for block in self.transformer.blocks:
-            block.self_attn.set_float8(switches.fp8_decoder_linears)
-            block.mlp.set_float8(switches.fp8_decoder_linears)
+            block.self_attn.set_float8(recipe)
+            block.mlp.set_float8(recipe)
 
     @property
     def transformer(self) -> TextModel:
