@@ -48,15 +48,17 @@ class Task:
                 MASTER_ADDR=distributed.master_addr,
                 MASTER_PORT=str(distributed.master_port),
             )
-        process = subprocess.Popen([sys.executable, "-m", *self.module_args], cwd=Path(self.cwd), env=env)
+        started: list[subprocess.Popen] = []
 
         def pass_on(number, frame):
-            if process.poll() is None:
-                process.send_signal(number)
+            for process in started:
+                if process.poll() is None:
+                    process.send_signal(number)
 
-        for number in PASSED_ON:
+        for number in PASSED_ON:  # before the rung starts: a signal in between must not end this wrapper
             signal.signal(number, pass_on)
-        rc = process.wait()
+        started.append(subprocess.Popen([sys.executable, "-m", *self.module_args], cwd=Path(self.cwd), env=env))
+        rc = started[0].wait()
         if rc != 0:
             # submitit records an exception as the task's failure: the job ends FAILED with the rung's status.
             raise RuntimeError(f"python -m {' '.join(self.module_args[:1])} exited with {rc}")
