@@ -414,6 +414,8 @@ class Ladder:
                 " their rungs re-run from scratch"
             )
         self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
+        if self.detach and self.submitted:
+            return self.summary("detached")  # the gate's job: no rung is submitted before its oracles are in
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         stopped = "gate-only" if self.gate_only and self.stopping is None else None
         if self.stopping is None:
