@@ -22,12 +22,20 @@ venv: $(BIN)/.installed
 REQUIRE_POSTGRES ?=
 export REQUIRE_POSTGRES
 
+# The launcher suite submits jobs to a one-node Slurm cluster on this machine: tests/slurm_cluster.sh installs and
+# starts it when it can and prints its partition (or says, on one line, why the Slurm tests will be skipped).
+# REQUIRE_SLURM=1 (CI) turns "skipped" into an error, there and in pytest.
+REQUIRE_SLURM ?=
+export REQUIRE_SLURM
+
 # ruff first: lint and format at 120 columns (pyproject.toml) are part of the suite.
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	url=$$(bash tests/postgres_server.sh) && \
-	PREREG_TEST_POSTGRES_URL="$$url" $(BIN)/python -m pytest -n 2 --dist loadgroup tests
+	partition=$$(bash tests/slurm_cluster.sh) && \
+	PREREG_TEST_POSTGRES_URL="$$url" PREREG_TEST_SLURM_PARTITION="$$partition" \
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
 demo: venv
 	PREREG_DEMO=1 $(BIN)/python -m engine.demo

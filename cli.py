@@ -397,6 +397,9 @@ def run(
     gate_only: bool = typer.Option(
         False, "--gate-only", help="run the oracle gate and stop before the first rung; a later run resumes the ladder"
     ),
+    detach: bool = typer.Option(
+        False, "--detach", help="cluster launchers: submit the ladder's next job and return; a later run follows it"
+    ),
     ledger: str = LedgerOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -413,6 +416,7 @@ def run(
                 budget_s=budget_s,
                 console=None if as_json else out,
                 gate_only=gate_only,
+                detach=detach,
             )
         emit(as_json, summary)
 
@@ -607,6 +611,7 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
             columns = [Column("rung", key=True, min_width=6), Column("run", min_width=12), Column("status", short=True)]
             columns += [Column("windows", short=True), Column("items", min_width=8), Column("v", short=True)]
             print_table(out, "runs", columns + [Column("note", min_width=16)], runs)
+        print_jobs(shown["jobs"])
         if shown["verdict"]:
             v = shown["verdict"]
             hits = " ".join(f"{e['n']}{e.get('part') or ''}:{e['result']}" for e in v["expectations"])
@@ -626,6 +631,26 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
             out.print(f"adopted (entry {a['seq']}): {esc(what)} at {a['commit'][:12]}{flags}")
         seq, head = store.head()
         out.print(f"ledger head {head[:16]} (entry {seq})")
+
+
+def print_jobs(jobs: list[dict[str, Any]]) -> None:
+    """The registration's cluster jobs: queued and running first (their Slurm ids), then those that ended."""
+    if not jobs:
+        return
+    rows = [
+        [
+            esc(j["job"]),
+            j["purpose"],
+            esc(", ".join(f"{label} ({run})" for run, label in j["runs"].items()) or "—"),
+            j["state"],
+            esc(", ".join(j["hosts"]) or "—"),
+            esc(j["launcher"]),
+        ]
+        for j in sorted(jobs, key=lambda j: (j["ended"], j["seq"]))
+    ]
+    columns = [Column("job", key=True, min_width=6), Column("for", short=True), Column("runs", min_width=12)]
+    columns += [Column("state", short=True), Column("hosts", min_width=6), Column("launcher", min_width=8)]
+    print_table(out, "cluster jobs", columns, rows)
 
 
 @audit_app.command("adoption")

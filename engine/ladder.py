@@ -5,18 +5,15 @@ cannot honour (3), a ledger that fails verification (4), a second run of the sam
 Resumes: runs found without an end are recorded `interrupted` and their rungs re-run from scratch; finished
 rungs are never re-run; oracles with results are not re-run. Kill lines' contingencies drop items and the
 affected rungs re-run primed (C -> C'). The cost ceiling is projected before each rung.
-A profile of several processes runs each rung (and only the rungs: the oracle gate is one process) under
-torchrun, which forwards the ladder's signals — SIGTERM, SIGINT and the budget's SIGUSR1 — to every rank.
+Where the gate and the rungs run is the registration's launcher's (engine/launch): processes of this machine
+(torchrun's ranks for a profile of several), or cluster jobs, which outlive the ladder: a ladder stopped by a
+signal leaves its job running, and the next run waits for it and reads its result before anything else.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import process_identity
+from engine.launch import Launch
+from engine.launch.local import FORWARDED_SIGNALS, LocalLaunch, rung_command
 from engine.reconcile import record_interrupted, running
 from engine.runlock import RunLock
 from engine.workload import memory_directory, snapshots_in
@@ -38,6 +37,8 @@ from prereg.verdict import VerdictEnv, judge_until_pass, rung_views
 from prereg.workload import Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# What the ladder has always named for its callers (the local launcher's own now).
+__all__ = ["FORWARDED_SIGNALS", "Ladder", "rung_command", "run_ladder"]
 
 
 def check_profile(profile: Profile) -> None:
@@ -62,35 +63,6 @@ def check_profile(profile: Profile) -> None:
         raise Refused(f"profile {profile.name} needs {profile.gpus} GPUs; this machine has {torch.cuda.device_count()}")
 
 
-# torchrun handles (and forwards to every rank) only the signals it is told to; SIGUSR1 (the time budget) would
-# otherwise kill the launcher outright and orphan its ranks.
-FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGUSR1"
-
-
-def rung_command(profile: Profile, rung_args: list[str]) -> list[str]:
-    """The `python -m ...` arguments of a rung process: `engine.rung` itself, or torchrun starting world_size of
-    them on this host (one per GPU on CUDA; never restarted: a restarted rank would re-run the rung)."""
-    if profile.world_size == 1:
-        return ["engine.rung", *rung_args]
-    return [
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(profile.world_size),
-        "--max-restarts",
-        "0",
-        "--signals-to-handle",
-        FORWARDED_SIGNALS,
-        "-m",
-        "engine.rung",
-        *rung_args,
-        "--device",
-        profile.device,
-    ]
-
-
 def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
     if file is not None:
         return file
@@ -110,6 +82,8 @@ def mark_interrupted(ledger: Ledger, state: RegistrationState) -> list[str]:
     One whose process still runs (a rung left behind by a ladder that died) is refused: the rung would run twice."""
     marked = []
     for start in running(ledger, state.reg_id):
+        if start.data.get("job"):
+            continue  # a cluster job's run: its job settles it (Ladder.await_jobs, before this)
         identity = start.data.get("process")
         if process_identity.gone(identity) is False:
             raise Refused(
@@ -162,28 +136,6 @@ def until_pass_decided(reg: Registration, ledger: Ledger, reg_id: str) -> str | 
     return passed
 
 
-class Child:
-    """A gate or rung process; SIGTERM/SIGINT to the ladder are forwarded to it."""
-
-    def __init__(self, args: list[str]):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env, text=True
-        )
-
-    def events(self):
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            line = line.strip()
-            if line.startswith("{"):
-                yield json.loads(line)
-        self.process.wait()
-
-    def signal(self, number: int) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(number)
-
-
 class Ladder:
     def __init__(
         self,
@@ -194,6 +146,8 @@ class Ladder:
         console,
         gate_only: bool = False,
         registration_dir: Path | None = None,
+        launch: Launch | None = None,
+        detach: bool = False,
     ):
         self.ledger = ledger
         self.reg_id = reg_id
@@ -204,8 +158,12 @@ class Ladder:
         # process that must run whole (an interleaved one) the next, rather than starting only to be stopped.
         self.gate_only = gate_only
         self.console = console
+        self.launch: Launch = launch if launch is not None else LocalLaunch()
+        # Submit the ladder's next job and return (a launcher whose jobs outlive the ladder); the next run follows.
+        self.detach = detach and self.launch.detached_jobs
+        self.submitted: list[str] = []
         self.started = time.monotonic()
-        self.child: Child | None = None
+        self.child: Any = None
         self.stopping: str | None = None
 
     def say(self, text: str) -> None:
@@ -279,10 +237,25 @@ class Ladder:
                 f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded failed"
             )
 
-    def run_child(self, args: list[str]) -> int:
+    def run_child(
+        self, purpose: str, args: list[str], profile: Profile, runs: dict[str, str] | None = None
+    ) -> int | None:
+        """Start the gate or a rung where the launcher puts it and follow it to its end; its exit status (None when
+        the ladder stopped following a job that runs on, or submitted it detached)."""
+        assert purpose in ("gate", "rung"), purpose
+        self.child = self.launch.start(purpose, args, profile, runs or {})  # type: ignore[arg-type]
+        job_id = getattr(self.child, "job_id", None)
+        if job_id is not None:
+            self.submitted.append(job_id)
+            self.say(f"  submitted {purpose} as Slurm job {job_id}")
+        if self.detach:
+            self.child = None
+            return None
+        return self.follow()
+
+    def follow(self) -> int | None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.child = Child(args)
         timer = None
         left = self.budget_left()
         if left is not None:
@@ -315,7 +288,7 @@ class Ladder:
                     progress.update(tasks[key], completed=event["step"], note=note)
         if timer is not None:
             timer.cancel()
-        rc = self.child.process.returncode
+        rc = self.child.returncode
         self.child = None
         return rc
 
@@ -324,8 +297,8 @@ class Ladder:
         if not pending:
             return
         self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
-        rc = self.run_child(["engine.gate", *self.child_args()])
-        if self.stopping is not None:
+        rc = self.run_child("gate", self.child_args(), reg.declaration().profiles[reg.profile])
+        if self.stopping is not None or rc is None:
             return
         if rc != 0:
             raise RuntimeError(f"the oracle gate process exited with {rc}")
@@ -392,8 +365,47 @@ class Ladder:
         deadline = ceiling - spent if mode == "stop" else None
         return True, deadline
 
+    def stopped_elsewhere(self, state: RegistrationState, run_ids: list[str]) -> bool:
+        """Whether a run of the job just ended was killed by no kill line and no signal of this ladder (scancel, the
+        time limit): the ladder stops and says so, as a local ladder does when it is stopped; a next run re-runs it."""
+        killed = [
+            r
+            for r in state.runs
+            if r.run_id in run_ids and r.status == "killed" and not {"kill", "ceiling"} & set(r.ended_by or {})
+        ]
+        for run in killed:
+            self.say(
+                f"[bold red]rung {run.rung} was killed[/] ({_ended_by(run.ended_by)}), not by this ladder:"
+                f" stopping — `prereg run {self.reg_id}` re-runs it"
+            )
+        return bool(killed)
+
+    def await_jobs(self) -> bool:
+        """Before anything else, the cluster jobs an earlier run left (detached, or still running when it stopped):
+        each is followed to its end and settled. Returns False when the ladder must return now (detached, and a
+        job still runs)."""
+        from engine.launch.slurm import SlurmJob, job_state, outstanding, settle
+
+        for job in outstanding(self.ledger, self.reg_id):
+            state = job_state(str(job.ref))
+            if not state.active:
+                settle(self.ledger, job, state)
+                self.say(f"  Slurm job {job.ref} ({job.data['purpose']}) ended {state.state}: its result is read")
+                continue
+            if self.detach:
+                self.say(f"  Slurm job {job.ref} ({job.data['purpose']}) is {state.state}: the ladder waits for it")
+                return False
+            self.say(f"  following Slurm job {job.ref} ({job.data['purpose']}), {state.state}")
+            self.child = SlurmJob(self.ledger, job)
+            self.follow()
+            if self.stopping is not None:
+                return False
+        return True
+
     def run(self, reg: Registration) -> dict[str, Any]:
         self.install_signals()
+        if self.launch.detached_jobs and not self.await_jobs():
+            return self.summary("detached" if self.stopping is None else f"signal {self.stopping}")
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         interrupted = mark_interrupted(self.ledger, state)
         if interrupted:
@@ -402,6 +414,8 @@ class Ladder:
                 " their rungs re-run from scratch"
             )
         self.gate(reg, load_state(self.ledger, self.reg_id, with_windows=False))
+        if self.detach and self.submitted:
+            return self.summary("detached")  # the gate's job: no rung is submitted before its oracles are in
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         stopped = "gate-only" if self.gate_only and self.stopping is None else None
         if self.stopping is None:
@@ -444,10 +458,12 @@ class Ladder:
             run_ids = [a.split("=", 1)[0] for a in args[args.index("--run-spec") :] if "=" in a]
             profile = reg.declaration().profiles[reg.profile]
             child_start = time.monotonic()
-            rc = self.run_child(rung_command(profile, args))
+            rc = self.run_child("rung", args, profile, {run_id: label for run_id, (_, label) in zip(run_ids, batch)})
             if self.stopping == "budget":
                 stopped = "budget"
                 break
+            if rc is None:
+                break  # detached, or a job the ladder stopped following: the next run reads its result
             state = load_state(self.ledger, self.reg_id, with_windows=False)
             if rc != 0 and self.stopping is None:
                 self.end_abandoned_runs(state, run_ids, rc, time.monotonic() - child_start, profile)
@@ -466,6 +482,9 @@ class Ladder:
                     f"[bold red]kill {kill['kill']}[/] on rung {kill['rung']} at step {kill['step']}:"
                     f" {kill['reason']}{drops}"
                 )
+            if self.launch.detached_jobs and self.stopped_elsewhere(state, run_ids):
+                stopped = "killed"
+                break
             failed = [r for r in state.runs if r.run_id in run_ids and r.status == "failed"]
             if failed and reg.protocol.kind != "until_pass":
                 # Re-running it at once would fail the same way, for ever: stop, say why; `prereg run` retries it.
@@ -495,6 +514,13 @@ class Ladder:
             stopped = "budget"
         elif self.stopping:
             stopped = f"signal {self.stopping}"
+        elif self.detach and self.submitted:
+            stopped = "detached"
+        return self.summary(stopped)
+
+    def summary(self, stopped: str | None) -> dict[str, Any]:
+        from engine.launch.slurm import outstanding
+
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         reg = state.registration()
         remaining = [f"oracle {o.id}" for i in reg.items for o in i.oracles if o.id not in state.oracles]
@@ -513,6 +539,16 @@ class Ladder:
             "cost": cost,
             "head": head,
         }
+        if self.launch.detached_jobs:
+            jobs = outstanding(self.ledger, self.reg_id)
+            summary["jobs"] = [
+                {"job": job.ref, "purpose": job.data["purpose"], "runs": job.data["runs"]} for job in jobs
+            ]
+            for job in jobs:
+                self.say(
+                    f"  Slurm job {job.ref} ({job.data['purpose']}) runs on; `prereg run {self.reg_id}` waits for it"
+                    f" and reads its result (`scancel {job.ref}` stops it)"
+                )
         if remaining:
             self.say(
                 f"ladder not complete ({stopped or 'stopped'}); remaining: {', '.join(remaining)}"
@@ -531,6 +567,32 @@ class Ladder:
         return summary
 
 
+def make_launch(ledger: Ledger, reg_id: str, reg: Registration, profile: Profile, start: Path) -> Launch:
+    """The registration's launcher, resolved from the nearest prereg.toml above `start`; a Slurm one is refused
+    (exit 3) when its nodes cannot reach the ledger, or cannot run the profile's processes."""
+    from prereg.launchers import SlurmLauncher, resolve_launcher
+
+    name, launcher = resolve_launcher(reg.launcher, start)
+    if reg.launcher is None:
+        return LocalLaunch()
+    record = {"name": name, **launcher.model_dump(mode="json")}
+    if not isinstance(launcher, SlurmLauncher):
+        return LocalLaunch(record)
+    from engine.launch.slurm import SlurmLaunch, check_ledger_reachable, tasks_per_node
+
+    tasks_per_node(name, launcher, profile)
+    check_ledger_reachable(ledger.url, name, launcher)
+    return SlurmLaunch(ledger, reg_id, name, launcher, record)
+
+
+def _ended_by(ended_by: dict[str, Any] | None) -> str:
+    if not ended_by:
+        return "no reason recorded"
+    if "job_state" in ended_by:
+        return f"job {ended_by.get('job')} {ended_by['job_state']}"
+    return ", ".join(f"{key} {value}" if value is not True else key for key, value in ended_by.items())
+
+
 def run_ladder(
     ledger: Ledger,
     reg_id: str,
@@ -540,6 +602,8 @@ def run_ladder(
     budget_s: float | None,
     console,
     gate_only: bool = False,
+    detach: bool = False,
+    launchers_from: Path | None = None,
 ) -> dict[str, Any]:
     state = require_frozen(ledger, reg_id, with_windows=False)
     path = registration_file(ledger, reg_id, file)
@@ -554,9 +618,23 @@ def run_ladder(
         )
     reg = state.registration()
     profile = reg.declaration().profiles[reg.profile]
-    check_profile(profile)
+    launch = make_launch(ledger, reg_id, reg, profile, launchers_from or Path.cwd())
+    if detach and not launch.detached_jobs:
+        raise InvalidInput(
+            f"--detach needs a launcher whose jobs outlive `prereg run`; {reg_id} runs on this machine",
+            fix="name a slurm launcher in the registration (launcher = NAME in prereg.toml), or run without --detach",
+        )
+    if not launch.detached_jobs:
+        check_profile(profile)  # a cluster job's machine is not this one: its rung checks its own ranks
     ladder = Ladder(
-        ledger, reg_id, budget_s=budget_s, console=console, gate_only=gate_only, registration_dir=path.parent
+        ledger,
+        reg_id,
+        budget_s=budget_s,
+        console=console,
+        gate_only=gate_only,
+        registration_dir=path.parent,
+        launch=launch,
+        detach=detach,
     )
     if dry_run:
         ladder.print_plan(reg, state)

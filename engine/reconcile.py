@@ -41,15 +41,44 @@ def record_interrupted(ledger: Ledger, start: Entry, reason: str) -> None:
 
 
 def gone_reason(start: Entry) -> str | None:
-    """Why this run is over without an end, or None while its process may still run."""
+    """Why this run is over without an end, or None while its process may still run. A cluster job's run is its
+    job's to settle (engine/launch/slurm.py): the job's state says what its end is, its process alone cannot."""
+    if start.data.get("job"):
+        return None
     identity: dict[str, Any] | None = start.data.get("process")
     if process_identity.gone(identity) is not True:
         return None
     return f"its {process_identity.describe(identity or {})} is gone without an end; re-run from scratch"
 
 
+def settle_ended_jobs(ledger: Ledger) -> list[str]:
+    """Settle every cluster job that has ended and whose ladder is not running (it settles its own); the job ids.
+    Where Slurm's commands are not installed, jobs wait for a verb run where they are."""
+    import shutil
+
+    from engine.launch.slurm import job_state, outstanding, settle
+
+    jobs = outstanding(ledger)
+    if not jobs or shutil.which("scontrol") is None:
+        return []
+    settled = []
+    for reg_id in sorted({str(job.reg_id) for job in jobs}):
+        try:
+            with RunLock(ledger.url, reg_id):
+                for job in outstanding(ledger, reg_id):  # again, under the lock
+                    state = job_state(str(job.ref))
+                    if not state.active:
+                        settle(ledger, job, state)
+                        settled.append(str(job.ref))
+        except Refused:
+            continue  # its ladder runs: it settles its own jobs
+    return settled
+
+
 def reconcile(ledger: Ledger) -> list[str]:
-    """Record `interrupted` for every run whose process is gone and whose ladder is not running; the run ids."""
+    """Record `interrupted` for every run whose process is gone and whose ladder is not running; the run ids.
+    Ended cluster jobs are settled first."""
+    settle_ended_jobs(ledger)
     candidates = {start.reg_id for start in running(ledger) if gone_reason(start)}
     marked = []
     for reg_id in sorted(candidates):

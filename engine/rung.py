@@ -82,6 +82,18 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def launch_record() -> dict[str, Any]:
+    """Where the run runs, as its launcher tells it (engine/launch): the resolved launcher of a registration that
+    names one, and a cluster job's id and hosts. Nothing for a local run of a registration that names none."""
+    from engine.launch import JOB_VARIABLE, LAUNCHER_VARIABLE
+
+    record = {}
+    for key, variable in (("launcher", LAUNCHER_VARIABLE), ("job", JOB_VARIABLE)):
+        if os.environ.get(variable):
+            record[key] = json.loads(os.environ[variable])
+    return record
+
+
 def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
     """(what every rank needs from the ledger, the registration): rank 0 reads them, the others receive the
     plan (plain data); the registration (kill lines) stays on rank 0."""
@@ -207,6 +219,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "interleaved_with": [r["run"] for r in runs if r is not run],
                     "env": environment,
                     "process": identity,
+                    **launch_record(),
                 },
                 ref=run["run"],
             )

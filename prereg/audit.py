@@ -116,7 +116,36 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         },
         "post_hoc": state.post_hoc_paths(),
         "adoptions": adoptions_of(state),
+        "jobs": jobs_of(ledger, reg_id),
     }
+
+
+def jobs_of(ledger: Ledger, reg_id: str) -> list[dict[str, Any]]:
+    """The registration's cluster jobs, as submitted (`job`) and settled (`job-end`): queued or running until then.
+    A job's live state (queued or running) is the cluster's; the ledger knows only that it has not ended."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for entry in ledger.entries(reg_id=reg_id, kinds=("job", "job-end", "run-start")):
+        if entry.kind == "job":
+            launcher = entry.data.get("launcher") or {}
+            jobs[str(entry.ref)] = {
+                "job": entry.ref,
+                "purpose": entry.data["purpose"],
+                "runs": entry.data["runs"],
+                "launcher": launcher.get("name"),
+                "partition": launcher.get("partition"),
+                "state": "queued",
+                "hosts": [],
+                "ended": False,
+                "seq": entry.seq,
+            }
+        elif entry.kind == "run-start" and (entry.data.get("job") or {}).get("id") in jobs:
+            job = jobs[entry.data["job"]["id"]]
+            job.update(state="running", hosts=entry.data["job"].get("hosts", []))
+        elif entry.kind == "job-end" and str(entry.ref) in jobs:
+            jobs[str(entry.ref)].update(
+                state=entry.data["state"].lower(), hosts=entry.data.get("hosts") or [], ended=True
+            )
+    return list(jobs.values())
 
 
 def audit_costs(ledger: Ledger) -> list[dict[str, Any]]:

@@ -265,6 +265,11 @@ class Registration(Strict):
     # The declaration of a workload the document declares itself (workload = "command"), validated by that
     # workload's factory. Absent, it is left out of the document, so documents without one hash as they always did.
     command: dict[str, Any] | None = Field(default=None, exclude_if=lambda table: table is None)
+    # Where the rungs run: the name of a launcher in the lab's prereg.toml (prereg/launchers.py); absent, this
+    # machine. Absent, it is left out of the document, so documents without one hash as they always did.
+    launcher: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=64)] | None = Field(
+        default=None, exclude_if=lambda name: name is None
+    )
 
     @model_validator(mode="before")
     @classmethod

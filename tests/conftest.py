@@ -451,3 +451,20 @@ def every_workload_declaration():
         except TableError:
             found[name] = get_workload(name, example)
     return found
+
+
+# --- a Slurm partition: `make test` starts a one-node cluster (tests/slurm_cluster.sh) and names its partition -----
+
+SLURM_PARTITION_VAR = "PREREG_TEST_SLURM_PARTITION"
+
+
+@pytest.fixture
+def slurm_partition() -> str:
+    """The test cluster's partition; skips without one, fails without one under REQUIRE_SLURM=1."""
+    partition = os.environ.get(SLURM_PARTITION_VAR)
+    if not partition:
+        why = f"{SLURM_PARTITION_VAR} is not set (`make test` starts a cluster with tests/slurm_cluster.sh)"
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(f"REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+    return partition
