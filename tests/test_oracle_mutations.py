@@ -112,3 +112,52 @@ def test_p3a_fails_when_the_guard_is_gone_although_the_forward_still_aborts(tiny
     judgement, observed = gate_judgement(tiny, item, oracle)
     assert not judgement.passed, (judgement.reason, observed)
     assert "elsewhere than the patch-count guard" in observed["message"], observed
+
+
+# ---- P1b: the loss curves overlaid, and the steady band new documents can bound ----
+
+
+def last_columns_hotter(logits: torch.Tensor) -> torch.Tensor:
+    """A head kernel that scores the last 16 ids 3 nats too high: every loss-bearing token's loss moves."""
+    return torch.cat([logits[..., :-16], logits[..., -16:] + 3.0], dim=-1)
+
+
+def test_p1b_and_a_steady_band_bound_fail_curves_that_part(tiny, monkeypatch):
+    item, p1b = frozen("P1b")
+    short = p1b.model_copy(update={"steps": 6})  # P1b's frozen bounds (none: the whole band) on a 6-step curve
+    steady = short.model_copy(update={"id": "P1b-steady", "bounds": {"steady_band": 1.0}})
+    monkeypatch.setattr(Molmo2Model, "logits", under("no_embed_clone", last_columns_hotter)(Molmo2Model.logits))
+    judgement, observed = gate_judgement(tiny, item, short, switch="no_embed_clone")
+    assert not judgement.passed and observed["max_abs_diff"] > observed["band"], (judgement.reason, observed)
+    assert not judge(steady.kind, observed, steady.bounds).passed
+    # The frozen oracle (no bound) is judged as it always was, against the whole band, whatever steady_band says.
+    without = {k: v for k, v in observed.items() if k != "steady_band"}
+    assert judge("curve_overlay", observed, short.bounds) == judge("curve_overlay", without, short.bounds)
+
+
+def test_every_curve_overlay_result_in_the_lab_ledger_judges_as_it_was_recorded(tmp_path):
+    from conftest import lab_ledger_copy
+
+    from prereg.canonical import decode_nonfinite
+    from prereg.ledger import Ledger
+
+    with Ledger.open(str(lab_ledger_copy(tmp_path / "ledger.db")), create=False) as lab:
+        recorded = [e.data for e in lab.entries(kinds=("oracle",)) if e.data["kind"] == "curve_overlay"]
+    assert recorded
+    for data in recorded:
+        judgement = judge("curve_overlay", decode_nonfinite(data["observed"]), data["bounds"])
+        assert (judgement.passed, judgement.reason) == (data["passed"], data["reason"]), data["oracle"]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "steps", "says"),
+    [
+        ({"max_abs_diff": 0.04, "steady_band": 1.0}, 20, "at most one of the bounds"),
+        ({"band": 1.0}, 20, "at most one of the bounds"),
+        ({"steady_band": 1.0}, 3, "at least 4 steps"),
+    ],
+)
+def test_a_curve_overlay_bound_is_one_of_max_abs_diff_and_steady_band(bounds, steps, says):
+    with pytest.raises(ValueError, match=says):
+        Oracle(id="C", kind="curve_overlay", probe="loss_curve", steps=steps, bounds=bounds)
+    assert Oracle(id="C", kind="curve_overlay", probe="loss_curve", steps=4, bounds={"steady_band": 2.0})

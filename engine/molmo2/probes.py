@@ -102,6 +102,15 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
     }
 
 
+def steady_band(curve: list[float]) -> float | None:
+    """The largest step-to-step move of a curve after its warm-up, or None for a curve too short to have one.
+    Warm-up: the first half of the steps (n // 2 of n); on a fresh init the loss falls fastest there, so the
+    whole curve's largest move (`band`) is the first steps' drop, which at the 4B geometry dwarfs any numerics
+    difference. The steady band is the largest |a[i] - a[i-1]| with both steps after the warm-up."""
+    moves = [abs(curve[i] - curve[i - 1]) for i in range(len(curve) // 2 + 1, len(curve))]
+    return max(moves) if moves else None
+
+
 def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """An N-step loss curve from the same init and data, baseline vs item (this runs backward: the crash gate too)."""
     if why := switch_inert(runner, switch):
@@ -120,6 +129,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
         "curve_b": b,
         "max_abs_diff": max(abs(x - y) for x, y in zip(a, b)) if finite else float("nan"),
         "band": band,
+        "steady_band": steady_band(a),
         "finite": finite,
         "first_bad_step": first_bad,
         "steps": steps,
