@@ -8,14 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import MINI, REGISTRATIONS, Cli, lab_ledger_copy, ledger_fingerprint, prereg_process, write
+from conftest import (
+    MINI,
+    REGISTRATIONS,
+    UNGUARDED_BEFORE_THE_NUMERICS_RULE,
+    Cli,
+    lab_ledger_copy,
+    ledger_fingerprint,
+    prereg_process,
+    write,
+)
 
 from prereg.actions import load_against
 from prereg.ledger import Ledger
 from prereg.numerics_guard import unguarded_numerics
-
-# Bundled documents a new freeze of which the rule refuses; each was frozen in the lab's ledger before it.
-FROZEN_BEFORE_THE_RULE = frozenset({"molmo2-fast-h200", "throughput-compile-2b"})
 
 PACKED_B = MINI.replace('id = "mini"', 'id = "mini-pack"').replace(
     'items = ["P1"]\n', 'items = ["P1"]\n  config = { pack = true }\n', 1
@@ -71,7 +77,7 @@ def test_the_bundled_documents_the_rule_refuses_were_frozen_before_it_and_check_
     ledger = lab_ledger_copy(tmp_path / "ledger.db")
     with Ledger.open(str(ledger), create=False) as lab:
         refused = {p.stem for p in REGISTRATIONS.glob("*.toml") if unguarded_numerics(load_against(lab, p)[0])}
-        assert refused == FROZEN_BEFORE_THE_RULE and refused <= set(lab.reg_ids())
+        assert refused == UNGUARDED_BEFORE_THE_NUMERICS_RULE and refused <= set(lab.reg_ids())
         seq = next(iter(lab.entries(reg_id="throughput-compile-2b", kinds=("freeze",)))).seq
     before = ledger_fingerprint(ledger)
     result = prereg_process("check", "registrations/throughput-compile-2b.toml", ledger=ledger, check=True)
