@@ -12,18 +12,24 @@ judged are still P1's frozen ones.
 from __future__ import annotations
 
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import REGISTRATIONS
 from molmo2_fixtures import make_runner
 
+from engine.command.declaration import declare
+from engine.command.process import CommandRunner
 from engine.gate import observe
+from engine.memory.meter import MemoryMeter
 from engine.molmo2 import probes
 from engine.molmo2.model import ar
 from engine.molmo2.model.model import Molmo2Model
 from engine.molmo2.runner import Molmo2Runner
 from engine.molmo2.train import step as train_step
+from engine.workload import RunContext
 from oracles.judge import judge
 from prereg.documents import load_registration
 from prereg.schema import Item, Oracle
@@ -161,3 +167,102 @@ def test_a_curve_overlay_bound_is_one_of_max_abs_diff_and_steady_band(bounds, st
     with pytest.raises(ValueError, match=says):
         Oracle(id="C", kind="curve_overlay", probe="loss_curve", steps=steps, bounds=bounds)
     assert Oracle(id="C", kind="curve_overlay", probe="loss_curve", steps=4, bounds={"steady_band": 2.0})
+
+
+# ---- the other probes of the tiny registration ----
+
+
+def test_p1a_fails_on_a_head_that_scores_differently_under_the_switch(tiny, monkeypatch):
+    item, oracle = frozen("P1a")
+    monkeypatch.setattr(Molmo2Model, "logits", under("no_embed_clone", last_columns_hotter)(Molmo2Model.logits))
+    judgement, observed = gate_judgement(tiny, item, oracle, switch="no_embed_clone")
+    assert not judgement.passed and observed["loss_abs"] > oracle.bounds["loss_abs"], (judgement.reason, observed)
+
+
+def test_p1c_fails_when_the_switch_reaches_decode(tiny, monkeypatch):
+    item, oracle = frozen("P1c")
+    monkeypatch.setattr(Molmo2Model, "logits", under("no_embed_clone", last_columns_hotter)(Molmo2Model.logits))
+    judgement, observed = gate_judgement(tiny, item, oracle, switch="no_embed_clone")
+    assert not judgement.passed and observed["first_difference"] is not None, (judgement.reason, observed)
+
+
+def test_p2a_fails_when_the_windowed_field_is_dropped(tiny, monkeypatch):
+    item, oracle = frozen("P2a")
+    original = MemoryMeter.window_end
+
+    def without_window_field(self, windowed):
+        fields = original(self, windowed)
+        fields.pop("vram_window_peak_gib", None)  # the fault: the switch resets the peak but reports nothing
+        return fields
+
+    monkeypatch.setattr(MemoryMeter, "window_end", without_window_field)
+    judgement, observed = gate_judgement(tiny, item, oracle)
+    assert not judgement.passed and observed["missing"] == ["vram_window_peak_gib"], (judgement.reason, observed)
+
+
+def test_p3b_fails_when_the_branchless_lookup_rounds(tiny, monkeypatch):
+    item, oracle = frozen("P3b-wte")
+    monkeypatch.setattr(Molmo2Model, "embed", under("branchless_extension_lookup", in_bf16)(Molmo2Model.embed))
+    judgement, observed = gate_judgement(tiny, item, oracle)
+    assert not judgement.passed and observed["equal"] < observed["total"], (judgement.reason, observed)
+
+
+def test_p4a_fails_when_the_in_place_add_changes_the_embedding(tiny, monkeypatch):
+    item, oracle = frozen("P4a")
+    monkeypatch.setattr(Molmo2Model, "embed", under("no_embed_clone", in_bf16)(Molmo2Model.embed))
+    judgement, observed = gate_judgement(tiny, item, oracle)
+    assert not judgement.passed and observed["first_mismatch"] is not None, (judgement.reason, observed)
+
+
+def test_memory_peak_fails_on_a_blow_up_under_the_switch(tiny, monkeypatch):
+    """No bundled registration bounds memory_peak: the bound here is the baseline's peak plus 0.25 GiB."""
+    item, _ = frozen("P4a")
+    MemoryMeter(torch.device("cpu")).window_end(True)  # the process's peak reset: this probe's steps set it
+    baseline = observe(tiny, item, Oracle(id="M0", kind="memory", probe="memory_peak", bounds={"peak_gib": 1e3}))
+    oracle = Oracle(id="M", kind="memory", probe="memory_peak", bounds={"peak_gib": baseline["peak_gib"] + 0.25})
+    held = []
+
+    def blow_up(x):
+        if not held:  # the fault: 0.5 GiB allocated in the first forward and kept alive
+            held.append(torch.ones(2**27, dtype=torch.float32))
+        return x
+
+    monkeypatch.setattr(Molmo2Model, "embed", under("no_embed_clone", blow_up)(Molmo2Model.embed))
+    MemoryMeter(torch.device("cpu")).window_end(True)
+    judgement, observed = gate_judgement(tiny, item, oracle)
+    held.clear()
+    assert not judgement.passed and observed["peak_gib"] > oracle.bounds["peak_gib"], (judgement.reason, observed)
+
+
+# ---- the command workload's probe protocol ----
+
+COMMAND_PROBE = """
+import json, math, os
+values = [1.0 + 1e-9 * i for i in range(1000)]
+def loss(switches):
+    if "fp32_sum" in switches:  # the fault under the switch: the sum rounded to fp32 on each add
+        import struct
+        total = 0.0
+        for v in values:
+            total = struct.unpack("f", struct.pack("f", total + v))[0]
+        return total / len(values)
+    return math.fsum(values) / len(values)
+base, item = loss(()), loss((os.environ["PREREG_SWITCH"],))
+print(json.dumps({"loss_abs": abs(base - item), "equal": int(base == item), "total": 1}))
+"""
+
+
+@pytest.mark.parametrize(("kind", "bounds"), [("tolerance", {"loss_abs": 1e-9}), ("bitwise", {})])
+def test_a_command_probe_fails_its_oracle_on_a_fault_under_the_switch(tmp_path: Path, kind: str, bounds: dict):
+    (tmp_path / "probe.py").write_text(textwrap.dedent(COMMAND_PROBE))
+    table = {"run": "x", "probe": f"{sys.executable} probe.py", "metrics": ["loss"], "switches": ["fp32_sum", "ok"]}
+    declaration = declare({**table, "probes": {"parity": ["loss_abs", "equal", "total"]}})
+    context = RunContext(declaration, tmp_path, rung=None, steps=4, log_every=2, run_dir=tmp_path)
+    profile = declaration.profiles["local"]
+    config = declaration.run_config.resolve({}, profile, declaration.run_config.defaults(profile))
+    runner = CommandRunner(profile, config, 0, context)
+    oracle = Oracle(id="C1", kind=kind, probe="parity", bounds=bounds)
+    item = Item(id="C", title="c", switch="ok", bitwise=True, oracles=[oracle])
+    assert judge(kind, observe(runner, item, oracle), bounds).passed  # a switch that changes nothing holds
+    judgement = judge(kind, observe(runner, item.model_copy(update={"switch": "fp32_sum"}), oracle), bounds)
+    assert not judgement.passed, judgement.reason
