@@ -203,7 +203,7 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             "rules": [r.id for r in reg.rules],
             "effective_config": reg.effective_configs(),
             "config_defaults": reg.config_defaults,
-            "notes": [use.note() for use in result.retired],
+            "notes": [use.note() for use in result.retired] + check_numerics_notes(result),
         }
         if emit(as_json, payload):
             return
@@ -211,6 +211,11 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
         for note in payload["notes"]:
             out.print(f"[yellow]note[/]: {esc(note)}")
         out.print(f"[green]valid[/] · document {payload['doc_hash'][:16]}")
+
+
+def check_numerics_notes(result) -> list[str]:
+    """The numerics guard's note on a document frozen before the rule (prereg/numerics_guard.py)."""
+    return [result.numerics_note] if result.numerics_note else []
 
 
 @app.command()

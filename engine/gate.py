@@ -16,6 +16,14 @@ import time
 PROCESS_START = time.monotonic()
 
 
+def observe(runner, item, oracle) -> dict:
+    """What the item's oracle observes: its probe's values, or the probe's crash as the reason it failed."""
+    try:
+        return runner.probe(oracle.probe, item.switch, oracle.model_dump(mode="json"))
+    except Exception as error:  # a probe that crashes is an oracle failure with the crash as its reason
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.gate")
     parser.add_argument("--ledger", required=True)
@@ -57,10 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if stop:
             break
         start = time.monotonic()
-        try:
-            observed = runner.probe(oracle.probe, item.switch, oracle.model_dump(mode="json"))
-        except Exception as error:  # a probe that crashes is an oracle failure with the crash as its reason
-            observed = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        observed = observe(runner, item, oracle)
         seconds = time.monotonic() - start
         judgement = judge(oracle.kind, observed, oracle.bounds)
         ledger.append(

@@ -53,13 +53,23 @@ def byte_match(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
 
 
 def curve_overlay(observed: dict[str, Any], bounds: dict[str, float]) -> Judgement:
+    """max |A-B| within a limit: the bound max_abs_diff; or k x the baseline's steady band (bound steady_band = k:
+    its largest step-to-step move after its warm-up, engine probes' `steady_band`); or, with no bound, the
+    baseline's whole band (its largest move, the first steps' drop on a fresh init)."""
     diff = _number(observed, "max_abs_diff")
-    limit = bounds.get("max_abs_diff", _number(observed, "band"))
     if observed.get("finite") is not True:
         return Judgement(False, "a curve is not finite (NaN/inf)")
+    if "max_abs_diff" in bounds:
+        limit, name = bounds["max_abs_diff"], "bound"
+    elif "steady_band" in bounds:
+        steady = _number(observed, "steady_band")
+        limit = None if steady is None else bounds["steady_band"] * steady
+        name = f"{bounds['steady_band']:g} x the baseline's steady band"
+    else:
+        limit, name = _number(observed, "band"), "the baseline's own step-to-step band"
     if diff is None or limit is None:
-        return Judgement(False, "max_abs_diff and band (or a bound) must be observed")
-    name = "bound" if "max_abs_diff" in bounds else "the baseline's own step-to-step band"
+        needed = "steady_band" if "steady_band" in bounds else "band (or a bound)"
+        return Judgement(False, f"max_abs_diff and {needed} must be observed")
     if diff <= limit:
         return Judgement(True, f"max |A-B| = {diff:.4g} <= {name} {limit:.4g}")
     return Judgement(False, f"max |A-B| = {diff:.4g} > {name} {limit:.4g}")
@@ -112,7 +122,7 @@ JUDGES: dict[str, Callable[[dict[str, Any], dict[str, float]], Judgement]] = {
 OBSERVED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "bitwise": (frozenset({"equal", "total"}), frozenset({"first_mismatch"})),
     "byte_match": (frozenset({"equal"}), frozenset({"first_difference"})),
-    "curve_overlay": (frozenset({"max_abs_diff", "finite"}), frozenset({"band"})),
+    "curve_overlay": (frozenset({"max_abs_diff", "finite"}), frozenset({"band", "steady_band"})),
     "finite": (frozenset({"finite"}), frozenset({"first_bad_step"})),
     "schema": (frozenset({"missing", "violations"}), frozenset()),
     "raises": (frozenset({"raised"}), frozenset({"message"})),
@@ -132,7 +142,9 @@ def observation_problem(
         required, optional = frozenset(bounds), probe_observes
     else:
         required, optional = OBSERVED[kind]
-        if kind == "curve_overlay" and "max_abs_diff" not in bounds:
+        if kind == "curve_overlay" and "steady_band" in bounds:
+            required = required | {"steady_band"}  # k x the baseline's steady band is the limit
+        elif kind == "curve_overlay" and "max_abs_diff" not in bounds:
             required = required | {"band"}  # without a bound, the baseline's own band is the limit
     unknown = sorted(set(observed) - required - optional)
     missing = sorted(required - set(observed))

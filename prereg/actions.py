@@ -21,6 +21,7 @@ from prereg.documents import (
 )
 from prereg.errors import InvalidInput, Refused
 from prereg.ledger import Entry, Ledger
+from prereg.numerics_guard import frozen_before_the_rule, refuse_unguarded, unguarded_numerics
 from prereg.pairing import FIX as PAIRING_FIX
 from prereg.pairing import refuse_unpaired, unpaired_comparisons
 from prereg.plan import plan_ladder
@@ -56,6 +57,7 @@ def refuse_new_freeze(reg: Registration, path: Path) -> None:
     """What a new freeze refuses of a valid document (exit 2): an unpaired comparison, a retired option."""
     refuse_unpaired(reg, str(path))
     refuse_retired(retired_uses(reg), str(path))
+    refuse_unguarded(reg, str(path))
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class CheckResult:
     reg: Registration
     frozen: bool  # its id is frozen in the ledger checked against (its run configs resolved with the frozen defaults)
     retired: list[RetiredUse]  # uses of retired options the frozen document already made: notes, not errors
+    numerics_note: str | None = None  # a frozen document the numerics guard would refuse now: a note, not an error
 
 
 def check(ledger: Ledger | None, path: Path) -> CheckResult:
@@ -78,7 +81,18 @@ def check(ledger: Ledger | None, path: Path) -> CheckResult:
         state = load_state(ledger, reg.id, with_windows=False)
         known = {use for v in state.versions for use in retired_uses(state.registration_at(v.number))}
     refuse_retired([use for use in uses if use not in known], str(path))
-    return CheckResult(reg, frozen, uses)
+    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen))
+
+
+def numerics_check(ledger: Ledger | None, reg: Registration, path: Path, frozen: bool) -> str | None:
+    """An unfrozen document the numerics guard refuses is refused (exit 2); a frozen one is shown as frozen before
+    the rule, with its freeze's entry."""
+    if not frozen:
+        refuse_unguarded(reg, str(path))
+        return None
+    if not unguarded_numerics(reg):
+        return None
+    return frozen_before_the_rule(require_frozen(ledger, reg.id).versions[0].seq)
 
 
 def freeze(ledger: Ledger, path: Path) -> FreezeResult:
@@ -123,6 +137,17 @@ def freeze_registration(ledger: Ledger, reg: Registration, raw: bytes, path: Pat
     return FreezeResult(reg.id, doc_hash, entry.head, entry.seq, False)
 
 
+def refuse_introduced_numerics(before: Registration, after: Registration, path: Path) -> None:
+    """An amendment may not add an unguarded numerics difference (one the document had is its frozen meaning)."""
+    known = {(rungs, key) for rungs, key, _ in unguarded_numerics(before)}
+    introduced = [(rungs, key, text) for rungs, key, text in unguarded_numerics(after) if (rungs, key) not in known]
+    if introduced:
+        from prereg.numerics_guard import fix
+
+        rungs, key, _ = introduced[0]
+        raise InvalidInput("; ".join(t for _, _, t in introduced), where=str(path), fix=fix(rungs, key))
+
+
 def measured_state(state: RegistrationState) -> MeasuredState:
     owner = {o: r.item for o, r in state.oracles.items()}
     return MeasuredState(
@@ -156,6 +181,7 @@ def amend(ledger: Ledger, reg_id: str, path: Path, *, post_hoc: bool) -> tuple[E
     if introduced:
         raise InvalidInput("; ".join(sorted(introduced)), where=str(path), fix=PAIRING_FIX)
     refuse_retired([use for use in retired_uses(new_reg) if use not in set(retired_uses(before))], str(path))
+    refuse_introduced_numerics(before, new_reg, path)
     entry = ledger.append(
         "amend",
         reg_id,

@@ -52,6 +52,8 @@ CONFIG_DEFAULTS = "config_defaults"
 
 # Oracle kinds whose pass condition needs bounds, and the bound names each requires.
 KINDS_WITHOUT_BOUNDS = {"bitwise", "byte_match", "finite", "schema", "raises"}
+CURVE_OVERLAY_BOUNDS = {"max_abs_diff", "steady_band"}
+STEADY_BAND_MIN_STEPS = 4  # the warm-up is the curve's first half: 4 steps leave one move between steady steps
 
 
 class Strict(BaseModel):
@@ -95,13 +97,28 @@ class Oracle(Strict):
             raise ValueError("a tolerance oracle needs bounds, e.g. bounds = { loss_abs = 1e-3 }")
         if self.kind == "memory" and set(self.bounds) != {"peak_gib"}:
             raise ValueError(f"a memory oracle takes exactly bounds = {{ peak_gib = … }}, got {sorted(self.bounds)}")
-        if self.kind == "curve_overlay" and set(self.bounds) - {"max_abs_diff"}:
-            raise ValueError(f"a curve_overlay oracle takes only a max_abs_diff bound, got {sorted(self.bounds)}")
+        if self.kind == "curve_overlay":
+            self._curve_overlay_bounds()
         if self.kind in KINDS_WITHOUT_BOUNDS and self.bounds:
             raise ValueError(f"a {self.kind} oracle has no bounds (it passes on equality/truth), got {self.bounds}")
         if self.kind == "curve_overlay" and self.steps is None:
             raise ValueError("a curve_overlay oracle needs steps = N (the curve length)")
         return self
+
+    def _curve_overlay_bounds(self) -> None:
+        """No bound: within the baseline's whole band (max step-to-step move); max_abs_diff: within that; steady_band
+        = k: within k times the baseline's steady band, its largest move after its warm-up (oracles/judge.py)."""
+        bounds = set(self.bounds)
+        if bounds - CURVE_OVERLAY_BOUNDS or len(bounds) > 1:
+            raise ValueError(
+                f"a curve_overlay oracle takes at most one of the bounds {sorted(CURVE_OVERLAY_BOUNDS)}, got "
+                f"{sorted(bounds)}; e.g. bounds = {{ steady_band = 1.0 }} (within the baseline's steady band)"
+            )
+        if "steady_band" in bounds and self.steps is not None and self.steps < STEADY_BAND_MIN_STEPS:
+            raise ValueError(
+                f"steps = {self.steps}: a steady band needs a curve of at least {STEADY_BAND_MIN_STEPS} steps (a move "
+                "between two steps after the warm-up half); set steps >= 4"
+            )
 
 
 class Item(Strict):

@@ -166,6 +166,16 @@ class RegroupsSamples:
 REGROUPS_SAMPLES = RegroupsSamples()
 
 
+@dataclass(frozen=True)
+class ChangesNumerics:
+    """Field metadata of a run-config key that computes the same step in other arithmetic (a kernel, a precision,
+    packing, the grouping of a reduction): compared rungs that differ in it need a frozen numeric check of that
+    difference (prereg/numerics_guard.py)."""
+
+
+CHANGES_NUMERICS = ChangesNumerics()
+
+
 class ConfigConflict(ValueError):
     """A cross-key rule refused a run config. `keys` are the keys it involves, the one to change first first; the
     message says what is wrong, what is allowed, and the fix."""
@@ -245,6 +255,9 @@ class RunConfigDeclaration:
 
     def regrouping_keys(self) -> list[str]:
         return [k for k, f in self.model.model_fields.items() if REGROUPS_SAMPLES in f.metadata]
+
+    def numerics_keys(self) -> list[str]:
+        return [k for k, f in self.model.model_fields.items() if CHANGES_NUMERICS in f.metadata]
 
     def resolve(self, raw: Mapping[str, Any], profile: Profile, defaults: Mapping[str, Any]) -> RunConfig:
         """A rung's raw config (protocol.config merged with the rung's) against a profile and a defaults table:

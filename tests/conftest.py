@@ -26,6 +26,9 @@ PERF_PASS1 = REGISTRATIONS / "molmo2-perf-pass1.toml"
 # Frozen (and run) before prereg/pairing.py existed; its unpaired loss expectation is what taught the rule. A fresh
 # freeze of it is refused; the frozen one never changes.
 UNPAIRED_BEFORE_THE_RULE = frozenset({"molmo2-fast-h200"})
+# Frozen before prereg/numerics_guard.py existed: compared rungs differ in a key that changes numerics and no rule
+# bounds their paired loss difference. A fresh freeze is refused; `check` shows them as frozen before the rule.
+UNGUARDED_BEFORE_THE_NUMERICS_RULE = frozenset({"molmo2-fast-h200", "throughput-compile-2b"})
 REPO_LEDGER = REPO / "ledger.db"
 # Bundled registrations a new freeze refuses today: they use options a later verdict retired, or test as items the
 # switches the verdicts have since landed into the CUDA baseline. The lab's ledger holds each frozen as it was: a

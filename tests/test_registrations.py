@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import NEW_FREEZE_REFUSED, UNPAIRED_BEFORE_THE_RULE, lab_ledger_copy
+from conftest import NEW_FREEZE_REFUSED, UNGUARDED_BEFORE_THE_NUMERICS_RULE, UNPAIRED_BEFORE_THE_RULE, lab_ledger_copy
 
 from prereg import actions
 from prereg.errors import InvalidInput
@@ -125,7 +125,7 @@ def test_the_bundled_registrations_a_new_freeze_refuses_are_the_ones_listed(tmp_
     refused = set()
     with Ledger.open(str(tmp_path / "ledger.db"), create=True) as ledger:
         for path in REGISTRATION_FILES:
-            if path.stem in UNPAIRED_BEFORE_THE_RULE:
+            if path.stem in UNPAIRED_BEFORE_THE_RULE | UNGUARDED_BEFORE_THE_NUMERICS_RULE:
                 continue
             try:
                 actions.check(ledger, path)
@@ -145,6 +145,11 @@ def test_bundled_history_replays_without_post_hoc(path: Path, tmp_path: Path):
             with pytest.raises(InvalidInput, match="paired arms must share the flag"):
                 actions.freeze(ledger, path)
             assert ledger.head()[0] == 0 and not steps  # nothing written; no history to replay
+            return
+        if path.stem in UNGUARDED_BEFORE_THE_NUMERICS_RULE:
+            with pytest.raises(InvalidInput, match="which changes numerics"):
+                actions.freeze(ledger, path)
+            assert ledger.head()[0] == 0 and not steps
             return
         if path.stem in NEW_FREEZE_REFUSED:
             with pytest.raises(InvalidInput, match="retired by|already in the baseline"):

@@ -8,7 +8,9 @@
     sources = ["train.py", "probe.py"]    # relative to cwd; hashed at freeze, a changed one refuses the run
     switches = ["fused_adamw"]            # the names items may switch on
     config = ["lr", "batch"]              # the keys protocol.config and rungs may set
+    numerics_keys = []                    # of config: keys that change numerics (kernels, precision); default none
     metrics = ["s_per_step", "loss"]      # what the script's windows report
+    paired_metrics = ["loss"]             # of metrics: those that rungs on the same samples compare pairwise
     probes = { one_step = ["loss_abs"] }  # probe -> the observations it reports
 
 Profiles: `local` (this machine's CPU; no GPU is visible to the script), `cuda` (one GPU), `cuda-xN` (N GPUs of
@@ -22,13 +24,23 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from oracles.judge import JUDGES, OBSERVED
 from prereg.registry import TableError
 from prereg.workload import (
+    CHANGES_NUMERICS,
     ENGINE_METRICS,
     Metric,
     Probe,
@@ -102,7 +114,13 @@ class CommandTable(BaseModel):
     sources: list[str] = Field(default_factory=list)
     switches: list[str] = Field(default_factory=list)
     config: list[str] = Field(default_factory=list)
+    # Keys of `config` that compute the same thing in other arithmetic: compared rungs that differ in one need a
+    # frozen numeric check (prereg/numerics_guard.py). The script's keys are the user's: none unless listed.
+    numerics_keys: list[str] = Field(default_factory=list)
     metrics: list[str] = Field(min_length=1)
+    # Metrics whose values rungs on the same samples compare pairwise (a loss): a rule's bound on their
+    # difference is a numeric check of the rungs' numerics difference.
+    paired_metrics: list[str] = Field(default_factory=list)
     probes: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("run", "probe")
@@ -161,6 +179,17 @@ class CommandTable(BaseModel):
                 raise ValueError(f'{name}: "error" is how a probe says it could not run, not an observation')
         return probes
 
+    @model_validator(mode="after")
+    def _subsets(self) -> "CommandTable":
+        for field, values, within in (
+            ("numerics_keys", self.numerics_keys, self.config),
+            ("paired_metrics", self.paired_metrics, self.metrics),
+        ):
+            unknown = sorted(set(values) - set(within))
+            if unknown:
+                raise ValueError(f"{field} {unknown} are not in {'config' if within is self.config else 'metrics'}")
+        return self
+
     def source_paths(self) -> tuple[str, ...]:
         """The sources relative to the registration file's folder."""
         return tuple(posixpath.normpath(posixpath.join(self.cwd, source)) for source in self.sources)
@@ -208,7 +237,13 @@ def declare(table: Mapping[str, Any]) -> CommandDeclaration:
         )
     assert set(JUDGES) >= set(OBSERVED)
     metrics = {
-        name: Metric(name, "", "median", "reported by the script's windows (command.metrics)")
+        name: Metric(
+            name,
+            "",
+            "median",
+            "reported by the script's windows (command.metrics)",
+            paired=name in command.paired_metrics,
+        )
         for name in command.metrics
     }
     return CommandDeclaration(
@@ -225,7 +260,7 @@ def declare(table: Mapping[str, Any]) -> CommandDeclaration:
         },
         metrics=metrics,
         profiles=PROFILES,
-        run_config=command_run_config(command.config),
+        run_config=command_run_config(command.config, command.numerics_keys),
         runner="engine.command.process:CommandRunner",
         sources=command.source_paths(),
         own_process=True,
@@ -233,12 +268,18 @@ def declare(table: Mapping[str, Any]) -> CommandDeclaration:
     )
 
 
-def command_run_config(keys: tuple[str, ...] | list[str]) -> RunConfigDeclaration:
+def command_run_config(
+    keys: tuple[str, ...] | list[str], numerics: tuple[str, ...] | list[str] = ()
+) -> RunConfigDeclaration:
     """The run config of a command: the keys the table names, each any JSON value, unset (None) unless a document
     sets it; the script sees the set ones in PREREG_CONFIG. It has no defaults of its own to change, so every
     document resolves the same way whenever it was frozen."""
+    description = "a key of the script's config (command.config)"
     fields = {
-        name: (JsonValue | None, Field(default=None, description="a key of the script's config (command.config)"))
+        name: (
+            Annotated[JsonValue | None, CHANGES_NUMERICS] if name in numerics else JsonValue | None,
+            Field(default=None, description=description),
+        )
         for name in keys
     }
     model = create_model("CommandRunConfig", __base__=RunConfig, **fields)

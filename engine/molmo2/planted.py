@@ -1,6 +1,8 @@
 """The planted-mismatch probe's child process: a batch whose <im_patch> count disagrees with its image
-features must abort the forward. It runs apart from the gate because a CUDA device-side assert (P3a) poisons
-the process's CUDA context. Exit 0 means the forward completed (the oracle fails); non-zero means it aborted.
+features must abort the forward AT THE PATCH-COUNT GUARD. It runs apart from the gate because a CUDA
+device-side assert (P3a) poisons the process's CUDA context. Exit 0: the forward completed; GUARD_ABORTED: the
+guard aborted it; anything else: it aborted somewhere else (an index out of range further on aborts a mismatched
+batch too, so "it aborted" alone would pass with the guard gone). Only GUARD_ABORTED passes the oracle.
 
     python -m engine.molmo2.planted --device cuda --switch device_assert_patch_count
 """
@@ -8,9 +10,24 @@ the process's CUDA context. Exit 0 means the forward completed (the oracle fails
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 import torch
+
+GUARD_ABORTED = 3
+GUARD_FUNCTION = "_add_image_features"
+# The guard's statements in that function: the baseline's host-side raise, P3a's device-side assert.
+GUARD_LINES = ("raise ValueError(", "torch._assert_async(")
+
+
+def raised_at_guard(error: BaseException) -> bool:
+    """Whether the innermost frame of the model's code that raised is the patch-count guard."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__) if f.filename.endswith(os.path.join("model", "model.py"))
+    ]
+    return bool(frames) and frames[-1].name == GUARD_FUNCTION and (frames[-1].line or "").startswith(GUARD_LINES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.molmo2.model.model import Molmo2Model, init_weights
     from engine.molmo2.switches import Switches
 
+    if args.device == "cuda":
+        # A device-side assert then raises at the op whose kernel failed, so its frame says which guard it was.
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     device = torch.device(args.device)
     config = Molmo2Config.named("tiny")
     t = config.text
@@ -49,9 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = Molmo2Model(config, Switches.from_names([args.switch])).to(device)
     init_weights(model, 0)
-    logits = ar_forward(model, batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize()  # a device-side assert surfaces here
+    try:
+        logits = ar_forward(model, batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as error:
+        where = "at the patch-count guard" if raised_at_guard(error) else "elsewhere than the patch-count guard"
+        print(f"aborted {where}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+              file=sys.stderr)  # fmt: skip
+        if raised_at_guard(error):
+            return GUARD_ABORTED
+        traceback.print_exc()
+        return 1
     print(f"forward completed: logits {tuple(logits.shape)}")
     return 0
 

@@ -102,6 +102,15 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
     }
 
 
+def steady_band(curve: list[float]) -> float | None:
+    """The largest step-to-step move of a curve after its warm-up, or None for a curve too short to have one.
+    Warm-up: the first half of the steps (n // 2 of n); on a fresh init the loss falls fastest there, so the
+    whole curve's largest move (`band`) is the first steps' drop, which at the 4B geometry dwarfs any numerics
+    difference. The steady band is the largest |a[i] - a[i-1]| with both steps after the warm-up."""
+    moves = [abs(curve[i] - curve[i - 1]) for i in range(len(curve) // 2 + 1, len(curve))]
+    return max(moves) if moves else None
+
+
 def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
     """An N-step loss curve from the same init and data, baseline vs item (this runs backward: the crash gate too)."""
     if why := switch_inert(runner, switch):
@@ -120,6 +129,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
         "curve_b": b,
         "max_abs_diff": max(abs(x - y) for x, y in zip(a, b)) if finite else float("nan"),
         "band": band,
+        "steady_band": steady_band(a),
         "finite": finite,
         "first_bad_step": first_bad,
         "steps": steps,
@@ -138,17 +148,18 @@ def decode_bytes(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) ->
 
 
 def planted_mismatch(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """A batch whose <im_patch> count disagrees with its image features must abort. Run in a child process: a
-    CUDA device-side assert poisons the process's context, and the gate must go on after it."""
+    """A batch whose <im_patch> count disagrees with its image features must abort at the patch-count guard (an
+    abort further on, an index out of range, is not the guard holding). Run in a child process: a CUDA
+    device-side assert poisons the process's context, and the gate must go on after it."""
+    from engine.molmo2.planted import GUARD_ABORTED
+
     command = [sys.executable, "-m", "engine.molmo2.planted", "--device", runner.device.type, "--switch", switch]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     tail = (result.stderr or result.stdout).strip().splitlines()
     if result.returncode == 0:
         return {"raised": False, "message": "the forward completed on a mismatched batch"}
-    message = next(
-        (line for line in reversed(tail) if "Error" in line or "assert" in line.lower()), tail[-1] if tail else ""
-    )
-    return {"raised": True, "message": message[:500], "returncode": result.returncode}
+    message = next((line for line in tail if line.startswith("aborted ")), tail[-1] if tail else "")
+    return {"raised": result.returncode == GUARD_ABORTED, "message": message[:500], "returncode": result.returncode}
 
 
 def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
@@ -170,9 +181,24 @@ def embed_outputs(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -
     return {"equal": equal, "total": len(batches), "first_mismatch": names[0] if names else None}
 
 
+def _mean_form(runner: "Molmo2Runner", switches: Switches) -> dict[str, torch.Tensor]:
+    """The mean-form losses of the probe batch as a training forward computes them under `switches`: fresh
+    weights, the model in training mode (the suffix backends depend on it), the training precision."""
+    from engine.molmo2.train.step import autocast
+
+    chunk = runner.probe_step.chunks[0]
+    runner.fresh(switches)
+    runner.model.train()
+    with torch.no_grad(), autocast(runner.device):
+        logits = ar_forward(runner.model, chunk)
+    return ar_losses(logits.float(), chunk.suffix)
+
+
 def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dict[str, Any]:
-    """Sum-form losses under the item vs the baseline's boolean-indexed sums, both over the same logits in fp64;
-    and the mean-form losses, which no switch may touch, compared bitwise."""
+    """Sum-form losses under the item vs the baseline's boolean-indexed sums, both over the same logits in fp64
+    (what the item changes is the reduction, so the logits are held fixed); and the mean-form losses, which no
+    switch may touch, each arm's computed end to end under its own switches (forward included) and compared
+    bitwise: a switch that leaks into the forward or the mean form shows there."""
     chunk = runner.probe_step.chunks[0]
     runner.fresh(runner.baseline)
     with torch.no_grad():
@@ -182,16 +208,14 @@ def loss_sums_fp64(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) 
     keys = ("loss_sum", "action_sum", "aux_sum")
     sum_rel = max(_rel(float(reference[k]), float(item[k])) for k in keys)
     sum_abs = max(abs(float(reference[k]) - float(item[k])) for k in keys)
-    mean_head = ar_losses(logits.float(), chunk.suffix)
-    runner.model.switches = _switches(runner, switch)
-    mean_item = ar_losses(logits.float(), chunk.suffix)
-    runner.model.switches = runner.baseline
+    mean_baseline = _mean_form(runner, runner.baseline)
+    mean_item = _mean_form(runner, _switches(runner, switch))
     mean_keys = ("loss", "action_loss", "aux_loss")
-    mismatched = [k for k in mean_keys if not torch.equal(mean_head[k], mean_item[k])]
+    mismatched = [k for k in mean_keys if not torch.equal(mean_baseline[k], mean_item[k])]
     return {
         "sum_rel": sum_rel,
         "sum_abs": sum_abs,
-        "mean_abs": max(abs(float(mean_head[k] - mean_item[k])) for k in mean_keys),
+        "mean_abs": max(abs(float(mean_baseline[k] - mean_item[k])) for k in mean_keys),
         "equal": len(mean_keys) - len(mismatched),
         "total": len(mean_keys),
         "first_mismatch": mismatched[0] if mismatched else None,

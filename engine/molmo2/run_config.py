@@ -21,6 +21,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from engine.molmo2.switches import RETIRED as RETIRED_SWITCHES
 from engine.molmo2.switches import Switches
 from prereg.workload import (
+    CHANGES_NUMERICS,
     REGROUPS_SAMPLES,
     ConfigConflict,
     Profile,
@@ -42,11 +43,20 @@ APPLIES_ONLY_WITH = {"pack_attention": "pack", "pack_one_pass": "pack", "ddp_wra
 
 
 class Molmo2RunConfig(RunConfig):
+    """CHANGES_NUMERICS marks the keys that compute the same step in other arithmetic: the reduction's grouping
+    (backward_chunks, chunk_by_cameras, zero1, ddp, chunk_grad_allreduce), kernels (compile, prefix_attention,
+    suffix_attention, pack_attention), packing (pack, pack_one_pass) and the baseline's switches. Not marked: what
+    the step computes (batch, camera_counts, max_crops, the learning rates, grad_clip, warmup: another recipe, not
+    other numerics), bucket_by_length (other steps: prereg/pairing.py's flag), ddp_wrapper (the same explicit
+    allreduce with or without the wrapper), memory_snapshot (instrumentation) and the retired keys."""
+
     BASELINE_KEY = "baseline_switches"
 
     batch: Annotated[int, Field(ge=1, description="samples per optimizer step (per rank)")]
     backward_chunks: Annotated[
-        int, Field(ge=1, description="gradient-accumulation chunks per step; batch must divide evenly")
+        int,
+        CHANGES_NUMERICS,
+        Field(ge=1, description="gradient-accumulation chunks per step; batch must divide evenly"),
     ]
     camera_counts: Annotated[
         tuple[int, ...], Field(strict=False, min_length=1, description="camera counts the sampler draws from")
@@ -57,10 +67,12 @@ class Molmo2RunConfig(RunConfig):
     backbone_text_lr: Annotated[PositiveRate, Field(description="learning rate of the trunk's text decoder blocks")]
     grad_clip: Annotated[PositiveRate, Field(description="gradient-norm clip")]
     warmup: Annotated[int, Field(ge=0, description="learning-rate warm-up steps")]
-    zero1: Annotated[bool, Field(description="ZeRO-1 optimizer sharding (several processes)")]
-    ddp: Annotated[bool, Field(description="wrap in DistributedDataParallel (several processes)")]
+    zero1: Annotated[bool, CHANGES_NUMERICS, Field(description="ZeRO-1 optimizer sharding (several processes)")]
+    ddp: Annotated[bool, CHANGES_NUMERICS, Field(description="wrap in DistributedDataParallel (several processes)")]
     chunk_grad_allreduce: Annotated[
-        bool, Field(description="explicit in-place gradient allreduce once per step (several processes)")
+        bool,
+        CHANGES_NUMERICS,
+        Field(description="explicit in-place gradient allreduce once per step (several processes)"),
     ]
     ddp_wrapper: Annotated[
         bool | None, Field(description="with chunk_grad_allreduce: whether the DDP wrapper stays; null without it")
@@ -68,21 +80,27 @@ class Molmo2RunConfig(RunConfig):
     memory_snapshot: Annotated[
         bool, Field(description="record allocation history and dump a snapshot after the first window and at OOM")
     ]
-    compile: Annotated[bool, Field(description="torch.compile the decoder layers (and the frozen vision tower)")]
+    compile: Annotated[
+        bool, CHANGES_NUMERICS, Field(description="torch.compile the decoder layers (and the frozen vision tower)")
+    ]
     bucket_by_length: Annotated[
         bool,
         REGROUPS_SAMPLES,
         Field(description="the pool's samples regrouped into steps by camera count (other steps than unbucketed)"),
     ]
     chunk_by_cameras: Annotated[
-        bool, Field(description="each step cut into chunks where its camera counts meet (the same step, less padding)")
+        bool,
+        CHANGES_NUMERICS,
+        Field(description="each step cut into chunks where its camera counts meet (the same step, less padding)"),
     ]
     pack: Annotated[
         bool,
+        CHANGES_NUMERICS,
         Field(description="training chunks packed: each chunk's samples end to end in one row, attention kept to each"),
     ]
     pack_attention: Annotated[
         PackAttention | None,
+        CHANGES_NUMERICS,
         Field(
             description="with pack: where a packed chunk attends: 'packed' (the packed row under per-sample block "
             "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the "
@@ -91,14 +109,21 @@ class Molmo2RunConfig(RunConfig):
     ]
     pack_one_pass: Annotated[
         bool | None,
+        CHANGES_NUMERICS,
         Field(description="with pack: prefix and suffix rows joined through every block but the last; null unpacked"),
     ]
     prefix_attention: Annotated[
-        AttentionKernel, Field(description="the prefix attention's kernel: 'sdpa' (dense mask) or 'flex' (block mask)")
+        AttentionKernel,
+        CHANGES_NUMERICS,
+        Field(description="the prefix attention's kernel: 'sdpa' (dense mask) or 'flex' (block mask)"),
     ]
-    suffix_attention: Annotated[AttentionKernel, Field(description="the suffix attention's kernel in training")]
+    suffix_attention: Annotated[
+        AttentionKernel, CHANGES_NUMERICS, Field(description="the suffix attention's kernel in training")
+    ]
     baseline_switches: Annotated[
-        tuple[str, ...], Field(strict=False, description="the switches on in every rung; a rung's items add theirs")
+        tuple[str, ...],
+        CHANGES_NUMERICS,
+        Field(strict=False, description="the switches on in every rung; a rung's items add theirs"),
     ]
     # Retired keys (RETIRED): unset in every table; frozen documents that set them still validate.
     pack_multiple: Annotated[int | None, Field(ge=1, description="retired: the packed rows' length multiple")]
