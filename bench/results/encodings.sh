@@ -20,6 +20,11 @@ done
 for reg in molmo2-perf-pass1 molmo2-perf-pass1-h200 molmo2-perf-pass1-h200-interleaved; do
   prereg amend "$reg" "$fixes/s-bundle-transfer.toml"
 done
+# The decided ones: their verdict again, under the document with the check (the same decision; its box rungs and
+# box_gain are undefined until the box smoke is recorded).
+for reg in molmo2-perf-pass1-h200 molmo2-perf-pass1-h200-interleaved; do
+  prereg verdict "$reg"
+done
 
 # The 40k run: K1 counts only evals after step 5k; its encoder's values marked.
 prereg amend molmo2-ar-40k "$fixes/ar-40k-k1-and-assumed.toml"
