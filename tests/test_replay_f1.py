@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REGISTRATIONS, Cli
+from conftest import REGISTRATIONS, REPO, Cli
 
 F1 = "molmo2-ar-40k-f1"
 REGISTRATION = REGISTRATIONS / f"{F1}.toml"
@@ -157,7 +157,7 @@ def test_the_same_rung7_measured_after_rung8s_amendment_passes_under_it(tmp_path
 
 # The corrections against the lab's write-up (bench/results/encodings.sh): the encoder's values marked, the
 # declaration times as the write-up gives them, and the device time the record omitted (rung 8, the forensics runs).
-CORRECTIONS = REGISTRATIONS / "encodings"
+CORRECTIONS = REPO / "bench" / "results" / "encodings"
 WHOLE_COST = [
     ("amend", CORRECTIONS / "f1-assumed.toml"),
     ("amend", CORRECTIONS / "f1-declared-when.toml"),

@@ -3,13 +3,13 @@
 #
 #     bench/results/encodings.sh ledger.db
 #
-# Every correction is an amendment or a record (registrations/encodings/), each with its reason; no frozen
+# Every correction is an amendment or a record (bench/results/encodings/), each with its reason; no frozen
 # document changes. Amendments that only mark assumed values or add notes change no value, so none is post-hoc.
 set -euo pipefail
 ledger="${1:?usage: bench/results/encodings.sh LEDGER}"
 cd "$(dirname "$0")/../.."
 prereg() { "${PYTHON:-python}" cli.py "$@" --ledger "$ledger"; }
-fixes=registrations/encodings
+fixes=bench/results/encodings
 
 # The S-bundle: its encoder's values marked; the transfer check on the registrations at the real geometry (the tiny
 # ones are the CPU demo, which no 4-GPU box smoke follows).
