@@ -204,10 +204,12 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             "effective_config": reg.effective_configs(),
             "config_defaults": reg.config_defaults,
             "notes": [use.note() for use in result.retired] + check_numerics_notes(result),
+            "assumed": assumed_payload(result.assumed),
         }
         if emit(as_json, payload):
             return
         print_plan(reg, frozen=result.frozen)
+        print_assumed(payload["assumed"], reg.source)
         for note in payload["notes"]:
             out.print(f"[yellow]note[/]: {esc(note)}")
         out.print(f"[green]valid[/] · document {payload['doc_hash'][:16]}")
@@ -627,6 +629,7 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
             )
         if shown["post_hoc"]:
             out.print(f"[bold yellow]POST-HOC[/]: {esc('; '.join(shown['post_hoc']))}")
+        print_assumed(shown["assumed"], shown["source"])
         for a in shown["adoptions"]:
             what = f"outcome {a['outcome']}" if a["outcome"] else ", ".join(a["items"])
             flags = "".join(
@@ -864,6 +867,23 @@ def print_plan(reg, *, frozen: bool = False) -> None:
         out.print(f"rule {esc(rule.id)}: when {esc(rule.when)} → {esc(rule.outcome)}")
     for kill in reg.kill:
         out.print(esc(f"kill {kill.id} (at {kill.at}): {kill.when}" + (f" → drops {kill.drops}" if kill.drops else "")))
+
+
+def assumed_payload(values) -> list[dict[str, Any]]:
+    return [{"path": v.path, "value": v.value, "reason": v.reason} for v in values]
+
+
+def print_assumed(assumed: list[dict[str, Any]], source: str | None) -> None:
+    """Which values are the source's and which the encoder assumed: the marked ones in a table, with their reasons."""
+    if not assumed:
+        if source:
+            out.print(f"values: every one is the source's ({esc(source)})")
+        return
+    rows = [[esc(a["path"]), esc(json.dumps(a["value"])), esc(a["reason"])] for a in assumed]
+    columns = [Column("field", key=True, min_width=12), Column("value", min_width=6), Column("why", min_width=20)]
+    print_table(out, "values assumed by the encoder, not stated by the source", columns, rows)
+    other = f"the source's ({esc(source)})" if source else "the author's"
+    out.print(f"values: every other one is {other}")
 
 
 def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:

@@ -3,12 +3,13 @@ appends in one transaction, so bad input leaves the ledger byte-for-byte unchang
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from oracles.judge import judge, observation_problem
 from prereg.amend import MeasuredState, apply_amendment, refuse_post_hoc, review_amendment
+from prereg.assumed import AssumedValue, assumed_values
 from prereg.canonical import canonical_hash, encode_nonfinite, file_hash
 from prereg.documents import (
     document_dict,
@@ -66,6 +67,9 @@ class CheckResult:
     frozen: bool  # its id is frozen in the ledger checked against (its run configs resolved with the frozen defaults)
     retired: list[RetiredUse]  # uses of retired options the frozen document already made: notes, not errors
     numerics_note: str | None = None  # a frozen document the numerics guard would refuse now: a note, not an error
+    # The values the encoder assumed: the ledger's latest version's marks for a frozen document (amendments add them
+    # without changing the frozen text), else the file's own.
+    assumed: list[AssumedValue] = field(default_factory=list)
 
 
 def check(ledger: Ledger | None, path: Path) -> CheckResult:
@@ -77,11 +81,13 @@ def check(ledger: Ledger | None, path: Path) -> CheckResult:
     uses = retired_uses(reg)
     frozen = ledger is not None and reg.id in ledger.reg_ids()
     known: set[RetiredUse] = set()
+    assumed = assumed_values(document_dict(reg))
     if frozen:
         state = load_state(ledger, reg.id, with_windows=False)
         known = {use for v in state.versions for use in retired_uses(state.registration_at(v.number))}
+        assumed = assumed_values(state.document)
     refuse_retired([use for use in uses if use not in known], str(path))
-    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen))
+    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen), assumed)
 
 
 def numerics_check(ledger: Ledger | None, reg: Registration, path: Path, frozen: bool) -> str | None:

@@ -186,6 +186,8 @@ def review_amendment(
             raise InvalidInput(
                 f"{path} cannot be amended: it names the experiment", fix="register a new document with its own id"
             )
+        if head == "assumed":
+            continue  # marks which values are the encoder's (prereg.assumed): it changes no value, so judges nothing
         if leaf in COSMETIC and head != "protocol":
             continue
         if head == "items" and rest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prereg.adoption import CHECK_STATUSES, adoption_rows, adoptions_of, check_results
+from prereg.assumed import assumed_values
 from prereg.cost import cost_summary
 from prereg.ledger import Ledger
 from prereg.schema import CONFIDENCE_PROBABILITY
@@ -117,6 +118,8 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "post_hoc": state.post_hoc_paths(),
         "adoptions": adoptions_of(state),
         "jobs": jobs_of(ledger, reg_id),
+        "source": state.document.get("source"),
+        "assumed": assumed_rows(state.document),
     }
 
 
@@ -146,6 +149,11 @@ def jobs_of(ledger: Ledger, reg_id: str) -> list[dict[str, Any]]:
                 state=entry.data["state"].lower(), hosts=entry.data.get("hosts") or [], ended=True
             )
     return list(jobs.values())
+
+
+def assumed_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The latest document's values the encoder assumed (prereg.assumed); every other value is the source's."""
+    return [{"path": v.path, "value": v.value, "reason": v.reason} for v in assumed_values(document)]
 
 
 def audit_costs(ledger: Ledger) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from prereg.assumed import check_paths
 from prereg.registry import TableError, UnknownWorkload, get_workload
 from prereg.rules import RuleError, Scope, compile_expr
 from prereg.template import first_blank
@@ -266,13 +267,17 @@ class Registration(Strict):
     kill: list[KillLine] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
     adoption: list[AdoptionCheck] = Field(default_factory=list)
+    # field path -> why the value is the encoder's, not the source's (prereg.assumed)
+    assumed: dict[str, str] = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _unstated_adoption_is_not_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # A document that states no adoption checks keeps the canonical form (and so the hash) of one without the field.
+        # A document that states no adoption checks (or no assumed values) keeps the canonical form (and so the hash)
+        # of one without the field.
         data = handler(self)
-        if not self.adoption:
-            del data["adoption"]
+        for optional in ("adoption", "assumed"):
+            if not getattr(self, optional):
+                del data[optional]
         return data
 
     # Set by validation: the defaults table the run configs resolved with, and each rung's effective config.
@@ -300,6 +305,12 @@ class Registration(Strict):
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> "Registration":
         resolve_references(self, (info.context or {}).get(CONFIG_DEFAULTS))
+        return self
+
+    @model_validator(mode="after")
+    def _assumed_paths_exist(self) -> "Registration":
+        if self.assumed:
+            check_paths(self.model_dump(mode="json", by_alias=True), self.assumed)
         return self
 
     def declaration(self) -> WorkloadDeclaration:

@@ -157,11 +157,13 @@ RUNNER_GET_DEFAULTS = {
 UNSET_MEANT_NOTHING = {"pack_multiple": None, "compile_dynamic": None, "fps": None, "truncate_layers": None}
 
 
-def meant(raw: dict) -> dict:
+def meant(raw: dict, geometry: str) -> dict:
     """The effective config a raw run-start config meant to the runner of its day, in the typed config's terms:
     options of packing are null when a rung did not pack (the runner never consulted them); the wrapper option is
-    true when allreduce ran with it unset, null without allreduce; no baseline switches."""
-    config = {**RUNNER_GET_DEFAULTS, **UNSET_MEANT_NOTHING, **raw, "baseline_switches": []}
+    true when allreduce ran with it unset, null without allreduce; no baseline switches; the FAST block the
+    geometry built (1,024 ids at 4b, 48 tiny)."""
+    fast = {"fast_vocab_size": {"4b": 1024, "tiny": 48}[geometry]}
+    config = {**RUNNER_GET_DEFAULTS, **UNSET_MEANT_NOTHING, **fast, **raw, "baseline_switches": []}
     if not config["pack"]:
         config["pack_attention"] = config["pack_one_pass"] = None
     if config["chunk_grad_allreduce"]:
@@ -200,7 +202,8 @@ def test_every_run_of_the_lab_resolves_to_the_config_it_ran_with(lab: Ledger):
             reg = state.registration_at(data["version"])
             rung = data.get("declared_rung") or data["rung"]
             effective = reg.effective_config(rung).model_dump(mode="json")
-            assert effective == meant(data["config"]), (reg_id, rung)
+            geometry = reg.declaration().profiles[reg.profile].geometry
+            assert effective == meant(data["config"], geometry), (reg_id, rung)
             checked += 1
     assert checked == 33  # every run-start the lab's ledger holds
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REGISTRATIONS, Cli
+from conftest import REGISTRATIONS, REPO, Cli
 
 F1 = "molmo2-ar-40k-f1"
 REGISTRATION = REGISTRATIONS / f"{F1}.toml"
@@ -153,3 +153,33 @@ def test_the_same_rung7_measured_after_rung8s_amendment_passes_under_it(tmp_path
     assert verdict["until_pass"]["passed"] == "rung7"
     assert ALLOCATED_RULE in verdict["until_pass"]["reason"]
     assert [r["rung"] for r in verdict["until_pass"]["rejected"]] == [f"rung{n}" for n in range(1, 7)]
+
+
+# The corrections against the lab's write-up (bench/results/encodings.sh): the encoder's values marked, the
+# declaration times as the write-up gives them, and the device time the record omitted (rung 8, the forensics runs).
+CORRECTIONS = REPO / "bench" / "results" / "encodings"
+WHOLE_COST = [
+    ("amend", CORRECTIONS / "f1-assumed.toml"),
+    ("amend", CORRECTIONS / "f1-declared-when.toml"),
+    ("amend", CORRECTIONS / "f1-forensics-rung.toml"),
+    ("record", CORRECTIONS / "f1-record-costs.toml"),
+]
+# Rungs 4 and 6 (7 min × 4 GPUs each), 7 (41 min), 8 (at least 41 min) and the forensics runs (at most 15 min).
+WHOLE_COST_GPU_S = 1680 + 1680 + 9840 + 9840 + 3600
+
+
+def test_with_its_whole_cost_the_replay_reaches_the_same_conclusion(tmp_path: Path):
+    cli = Cli(tmp_path / "ledger.db", tmp_path)
+    replay(cli, RECORDED_ORDER)
+    for verb, path in WHOLE_COST:
+        cli.ok(verb, F1, path)
+    verdict = cli.ok_json("verdict", F1)
+    assert verdict["until_pass"]["passed"] == "rung8"
+    assert [r["rung"] for r in verdict["until_pass"]["rejected"]] == [f"rung{n}" for n in range(1, 8)]
+    assert (verdict["rule"], verdict["outcome"]) == ("F2-full-40k", "launch-full-40k")
+    assert verdict["reads"]["projected_40k_h"] == pytest.approx(40000 * 2.55 / 3600)
+    assert verdict["post_hoc"] == []
+    costs = next(r for r in cli.ok_json("audit", "costs")["registrations"] if r["id"] == F1)
+    assert costs["gpu_s"] == WHOLE_COST_GPU_S and not costs["overrun"]
+    assumed = {a["path"] for a in cli.ok_json("audit", "show", F1)["assumed"]}
+    assert "cost.ceiling_gpu_h" in assumed

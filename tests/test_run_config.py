@@ -222,6 +222,7 @@ def test_the_unrecorded_defaults_are_the_runners_former_defaults():
         **{"bucket_by_length": False, "chunk_by_cameras": False, "pack": False, "pack_attention": "packed"},
         **{"pack_one_pass": False, "prefix_attention": "sdpa", "suffix_attention": "sdpa", "baseline_switches": ()},
         **{"pack_multiple": None, "compile_dynamic": None, "fps": None, "truncate_layers": None},
+        "fast_vocab_size": None,  # the block each geometry built: 1,024 ids at 4b, 48 tiny (resolved per profile)
     }
 
 

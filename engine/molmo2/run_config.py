@@ -125,6 +125,14 @@ class Molmo2RunConfig(RunConfig):
         CHANGES_NUMERICS,
         Field(strict=False, description="the switches on in every rung; a rung's items add theirs"),
     ]
+    fast_vocab_size: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="the FAST block's size: action-token ids [fast_block_base, fast_block_base + n), at the 4b "
+            "geometry [152,064, 152,064 + n); FAST tokenizer v2 has 1,026",
+        ),
+    ]
     # Retired keys (RETIRED): unset in every table; frozen documents that set them still validate.
     pack_multiple: Annotated[int | None, Field(ge=1, description="retired: the packed rows' length multiple")]
     compile_dynamic: Annotated[bool | None, Field(description="retired: with compile, Dynamo's dynamic shapes")]
@@ -140,6 +148,12 @@ class Molmo2RunConfig(RunConfig):
             if key not in raw and values.get(parent) is False:
                 values[key] = None
         return values
+
+    @field_validator("fast_vocab_size", mode="before")
+    @classmethod
+    def _fast_block_as_sized_before_the_key(cls, size: Any, info: ValidationInfo) -> Any:
+        # UNRECORDED_DEFAULTS leaves it None: a document frozen before the key ran the geometry's own block.
+        return FAST_BLOCK_BEFORE_THE_KEY[profile_of(info).geometry] if size is None else size
 
     @field_validator("camera_counts")
     @classmethod
@@ -293,6 +307,11 @@ CROSS_KEY_RULES = (
 
 # --- defaults ------------------------------------------------------------------------------------------------
 
+# The FAST block each geometry built before the run config named its size: the 4b geometry's 1,024 ids (two short of
+# FAST tokenizer v2's 1,026), the tiny geometry's 48.
+FAST_BLOCK_BEFORE_THE_KEY = {"4b": 1024, "tiny": 48}
+FAST_V2_VOCAB = 1026  # FAST tokenizer v2: "vocab_total 1,026", ids [152,064, 153,090) at the 4b geometry
+
 _RETIRED_UNSET = {"pack_multiple": None, "compile_dynamic": None, "fps": None, "truncate_layers": None}
 
 # The values the runner used for a key a document did not set, before freezes recorded their defaults: what every
@@ -320,6 +339,7 @@ UNRECORDED_DEFAULTS: dict[str, Any] = {
     "prefix_attention": "sdpa",
     "suffix_attention": "sdpa",
     "baseline_switches": (),
+    "fast_vocab_size": None,  # the geometry's own block (FAST_BLOCK_BEFORE_THE_KEY), resolved per profile
     **_RETIRED_UNSET,
 }
 
@@ -344,6 +364,7 @@ CUDA_DEFAULTS: dict[str, Any] = {
     "pack_one_pass": True,  # molmo2-pack-one-pass-h200 (default-one-pass)
     "pack_attention": "varlen-cudnn",  # molmo2-pack-cudnn-h200 (default-varlen-cudnn), over varlen and packed
     "baseline_switches": tuple(LANDED),  # the S-bundle (land-bundle) and X2 (land-x2)
+    "fast_vocab_size": FAST_V2_VOCAB,  # the 4b geometry runs FAST tokenizer v2's whole block
 }
 
 # The CPU runs tests and the demo at the tiny geometry: it has no cuDNN, and compiling costs more than a tiny
@@ -361,6 +382,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     # None: the landed switches' gains were measured on CUDA (P1 switches nothing on the CPU), and the CPU ladders
     # (the demo's S-bundle) test them as items, which a baseline that held them would refuse.
     "baseline_switches": (),
+    "fast_vocab_size": FAST_BLOCK_BEFORE_THE_KEY["tiny"],  # the tiny geometry's scaled-down block
 }
 
 

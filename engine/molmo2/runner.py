@@ -57,7 +57,7 @@ class Geometry:
 
     def layout(self, config: Molmo2Config) -> TokenLayout:
         if self.model == "4b":
-            return TokenLayout.for_4b()
+            return TokenLayout.for_4b(config.fast_vocab_size)
         t = config.text
         return TokenLayout.for_tiny(t.vocab_size, t.additional_vocab_size, config.fast_vocab_size)
 
@@ -136,7 +136,7 @@ class Molmo2Runner:
     def load_data(self) -> None:
         """Tokenizers, collator, datasets and the prepared step pool (collated once, on the device)."""
         torch.manual_seed(self.seed)
-        self.config = Molmo2Config.named(self.geometry.model)
+        self.config = Molmo2Config.named(self.geometry.model, fast_vocab_size=self.run_config.fast_vocab_size)
         self.layout = self.geometry.layout(self.config)
         self.fast = make_fast_tokenizer(
             self.seed, 2000, scale=self.geometry.fast_scale, vocab_size=self.config.fast_vocab_size

@@ -70,6 +70,7 @@ def markdown(
         f"- park: {', '.join(verdict['park']) or '—'}",
         "",
     ]
+    lines += assumed_lines(show)
     lines += ["## Oracle gate", "", "| oracle | item | kind | result | observed vs bound |", "|---|---|---|---|---|"]
     for o in show["oracles"]:
         lines.append(
@@ -179,6 +180,18 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
         + [out_dir / name for _, name in images]
         + written
     )
+
+
+def assumed_lines(show: dict[str, Any]) -> list[str]:
+    """Which values are the source's and which the encoder assumed (prereg.assumed), when either can be said."""
+    source = show.get("source")
+    if not show["assumed"]:
+        return [f"Every value is the source's ({source}).", ""] if source else []
+    lines = ["## Values assumed by the encoder", "", "| field | value | why |", "|---|---|---|"]
+    for a in show["assumed"]:
+        lines.append(f"| `{a['path']}` | `{json.dumps(a['value'])}` | {a['reason']} |")
+    other = f"the source's ({source})" if source else "the author's"
+    return lines + ["", f"Every other value is {other}.", ""]
 
 
 def declared_plots(workload: WorkloadDeclaration) -> dict[str, list[Metric]]:

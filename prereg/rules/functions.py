@@ -190,7 +190,8 @@ HISTORY_FUNCTIONS: dict[str, HistoryFunction] = {
         ),
         HistoryFunction(
             "last",
-            "last(metric, n): the metric's last n window values, for min/max/mean/median/sum/all/any/count",
+            "last(metric, n) or last(metric, n, after=s): the metric's last n window values (with after=, of windows "
+            "ending after step s only), for min/max/mean/median/sum/all/any/count",
             "list",
             _last,
         ),
@@ -208,6 +209,10 @@ HISTORY_FUNCTIONS: dict[str, HistoryFunction] = {
         ),
     )
 }
+
+# History functions that take `after=s`: only windows ending after step s count ("3 consecutive evals after step
+# 5k": last(probe, 3, after=5000) waits for three windows past 5000, never reaching back before it).
+HISTORY_QUALIFIED = frozenset({"last"})
 
 # A function's name is one namespace across the three families.
 assert not (

@@ -289,6 +289,7 @@ class HistoryCall(Node):
     metric: str  # a bare metric name: the series, not a value
     argument: Node
     source: str
+    after: Node | None = None  # after=s: only windows ending after step s
 
     def evaluate(self, env: Env) -> Value:
         argument = self.argument.evaluate(env)
@@ -303,7 +304,14 @@ class HistoryCall(Node):
                 f"Env.history({self.metric!r}) must be (step, value) pairs, oldest first, one per step; "
                 f"got steps {steps}"
             )
+        if self.after is not None:
+            after = self.after.evaluate(env)
+            if isinstance(after, Undefined):
+                return after
+            if not is_number(after):
+                return Undefined(f"{self.source}: after= must be a step number, got {describe(after)}")
+            history = [(step, value) for step, value in history if step > after]
         return _located(self.source, self.function.apply(self.metric, history, argument))
 
     def children(self) -> tuple[Node, ...]:
-        return (self.argument,)
+        return (self.argument,) if self.after is None else (self.argument, self.after)

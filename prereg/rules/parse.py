@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from prereg.rules.error import RuleError
 from prereg.rules.expr import Expr
-from prereg.rules.functions import CONTEXT_FUNCTIONS, HISTORY_FUNCTIONS, PURE_FUNCTIONS
+from prereg.rules.functions import CONTEXT_FUNCTIONS, HISTORY_FUNCTIONS, HISTORY_QUALIFIED, PURE_FUNCTIONS
 from prereg.rules.nodes import (
     Arithmetic,
     BoolOp,
@@ -417,6 +417,8 @@ class _Compiler:
                 allowed=f"functions are {', '.join(self._functions_here())}",
             )
         for keyword in node.keywords:
+            if name in HISTORY_QUALIFIED and keyword.arg == "after":
+                continue  # last(m, n, after=s): the qualifier of a history call, compiled with it
             shown = f"'{keyword.arg}='" if keyword.arg else "'**' unpacking"
             raise self._refuse(
                 f"keyword argument {shown} is not allowed in {name}()", node=keyword, allowed="arguments are positional"
@@ -505,7 +507,12 @@ class _Compiler:
             raise self._refuse(
                 f"last() counts windows: a whole number >= 1, got {argument.value!r}", node=argument, allowed=fn.usage
             )
-        return HistoryCall(fn, series.id, compiled, self._segment(node)), fn.returns
+        after = next((k.value for k in node.keywords if k.arg == "after"), None)
+        if after is None:
+            return HistoryCall(fn, series.id, compiled, self._segment(node)), fn.returns
+        after_compiled, after_static = self._expr(after)
+        self._expect(after, after_static, "number", f"{name}()'s after=")
+        return HistoryCall(fn, series.id, compiled, self._segment(node), after_compiled), fn.returns
 
 
 def _line_starts(text: str) -> list[int]:

@@ -76,10 +76,11 @@ class TokenLayout:
             raise ValueError(f"TokenLayout text specials must be distinct; got {text}")
 
     @classmethod
-    def for_4b(cls) -> "TokenLayout":
+    def for_4b(cls, fast_vocab_size: int = 1024) -> "TokenLayout":
         """allenai/Molmo2-4B (its special_tokens_map.json): pad <|endoftext|> 151643, <|im_start|> 151644,
-        <|im_end|> 151645."""
-        return cls(vocab_size=151_936, pad_id=151_643, im_start_text_id=151_644, im_end_text_id=151_645)
+        <|im_end|> 151645; the FAST block [152,064, 152,064 + fast_vocab_size)."""
+        return cls(vocab_size=151_936, pad_id=151_643, im_start_text_id=151_644, im_end_text_id=151_645,
+                   fast_vocab_size=fast_vocab_size)  # fmt: skip
 
     @classmethod
     def for_tiny(cls, vocab_size: int, additional_vocab_size: int = 16, fast_vocab_size: int = 48) -> "TokenLayout":
