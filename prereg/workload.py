@@ -236,7 +236,8 @@ class RunConfigDeclaration:
     model: type[RunConfig]
     defaults: Callable[[Profile], dict[str, Any]]
     # A document whose freeze recorded no defaults table resolves with this one: the values the code used for the
-    # keys a document did not set before freezes recorded their defaults.
+    # keys a document did not set before freezes recorded their defaults. A key added later holds here the value
+    # that means the code as it ran before the key existed: recorded tables that lack the key resolve with it.
     unrecorded_defaults: Mapping[str, Any]
     retired: tuple[RetiredOption, ...] = ()
     landed: Mapping[str, str] = field(default_factory=dict)  # baseline switch -> the verdict that landed it
@@ -262,9 +263,10 @@ class RunConfigDeclaration:
     def resolve(self, raw: Mapping[str, Any], profile: Profile, defaults: Mapping[str, Any]) -> RunConfig:
         """A rung's raw config (protocol.config merged with the rung's) against a profile and a defaults table:
         every key set, validated, frozen. Raises ConfigError naming the key to blame."""
-        missing = sorted(set(self.model.model_fields) - set(defaults))
-        if missing:
-            raise ValueError(f"the defaults table has no value for {missing}; it must name every run-config key")
+        # A table recorded before a key existed lacks it: the key resolves as the code ran before it existed, which
+        # is what unrecorded_defaults holds for a key added after freezes began recording their tables.
+        missing = set(self.model.model_fields) - set(defaults)
+        defaults = {**{k: self.unrecorded_defaults[k] for k in missing}, **defaults}
         try:
             return self.model.model_validate(self.model.fill(raw, defaults), context={PROFILE_CONTEXT: profile})
         except ValidationError as error:

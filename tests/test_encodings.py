@@ -5,6 +5,8 @@ where a person looks — assumed values in `check` and `audit show`, the FAST bl
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -21,10 +23,35 @@ SCRIPT = REPO / "bench" / "results" / "encodings.sh"
 SUM_REL = "items.P3c.oracles.P3c-fp64.bounds.sum_rel"
 
 
+# The lab's ledger holds the corrections from this entry on: the script appended them.
+CORRECTIONS_FROM = 350
+
+
+def ledger_before_the_corrections(path: Path) -> Path:
+    """The lab's ledger as it was before the script ran: its first entries, exported and imported again (the same
+    chain, so the same head at that entry)."""
+    buffer = io.StringIO()
+    with Ledger.open(str(lab_ledger_copy(path.with_name("lab.db"))), create=False) as lab:
+        lab.export_jsonl(buffer)
+    lines = buffer.getvalue().splitlines(keepends=True)[:CORRECTIONS_FROM]  # the export's header, then entries
+    Ledger.import_jsonl(io.StringIO("".join(lines)), str(path)).close()
+    return path
+
+
+def without_times(entry) -> tuple:
+    return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
+
+
 @pytest.fixture(scope="module")
-def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the lab's ledger with the script applied, once for the module (tests copy it again to write)."""
-    ledger = lab_ledger_copy(tmp_path_factory.mktemp("encodings") / "ledger.db")
+def before(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ledger_before_the_corrections(tmp_path_factory.mktemp("before") / "ledger.db")
+
+
+@pytest.fixture(scope="module")
+def applied(before: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ledger before the corrections with the script applied, once for the module (tests copy it to write)."""
+    ledger = tmp_path_factory.mktemp("encodings") / "ledger.db"
+    shutil.copyfile(before, ledger)
     subprocess.run(
         ["bash", str(SCRIPT), str(ledger)],
         check=True,
@@ -33,6 +60,19 @@ def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
     )
     return ledger
+
+
+def test_the_labs_ledger_holds_what_the_script_appends(applied: Path, tmp_path: Path):
+    """Entry for entry, but for their times (hence their hashes), the corrections in ledger.db are the script's."""
+    with (
+        Ledger.open(str(applied), create=False) as ours,
+        Ledger.open(str(lab_ledger_copy(tmp_path / "lab.db")), create=False) as lab,
+    ):
+        appended = [without_times(e) for e in ours.entries() if e.seq >= CORRECTIONS_FROM]
+        recorded = [
+            without_times(e) for e in lab.entries() if CORRECTIONS_FROM <= e.seq < CORRECTIONS_FROM + len(appended)
+        ]
+    assert appended and appended == recorded
 
 
 @pytest.fixture
@@ -56,10 +96,10 @@ def test_no_correction_is_post_hoc(applied: Path, tmp_path: Path):
 DECIDED_AND_AMENDED = ("molmo2-perf-pass1-h200", "molmo2-perf-pass1-h200-interleaved", "molmo2-ar-40k-f1")
 
 
-def test_the_amended_verdicts_keep_their_decision_and_are_not_recorded_again(applied: Path, tmp_path: Path):
+def test_the_amended_verdicts_keep_their_decision_and_are_not_recorded_again(before: Path, applied: Path):
     from prereg.verdict import record_verdict
 
-    with Ledger.open(str(lab_ledger_copy(tmp_path / "lab.db")), create=False) as lab:
+    with Ledger.open(str(before), create=False) as lab:
         decided_before = {r: load_state(lab, r, with_windows=False).verdicts[-1] for r in DECIDED_AND_AMENDED}
     with Ledger.open(str(applied), create=False) as ledger:
         for reg_id in DECIDED_AND_AMENDED:

@@ -88,7 +88,7 @@ def test_every_recorded_verdict_recomputes_to_the_same_decision(lab: Ledger) -> 
 
 # Verdicts whose intervals were recorded before the bootstrap resampled paired metrics by window index: their
 # decision recomputes exactly, their intervals do not (checked below), so verdict records them again.
-INTERVALS_FROM_AN_EARLIER_BOOTSTRAP = {"molmo2-perf-pass1-h200", "molmo2-x2-h200"}
+INTERVALS_FROM_AN_EARLIER_BOOTSTRAP = {"molmo2-x2-h200"}
 
 
 def test_a_recorded_verdict_is_not_recorded_again_for_its_new_statistics(lab: Ledger) -> None:
