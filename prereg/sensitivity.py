@@ -230,6 +230,7 @@ class WindowSeries:
 @dataclass(frozen=True)
 class NoNoise:
     reason: str
+    measured_by: NoiseSource | None = None  # the source that will measure it (the A/A calibration at run)
 
 
 @dataclass(frozen=True)
@@ -559,6 +560,10 @@ def _assess_bar(
 ) -> Sensitivity:
     known = {pair: found for pair in pairs if isinstance(found := noise.get(pair), MetricNoise)}
     noisiest = max(known.values(), key=lambda found: found.cv, default=None)
+    # A summary whose noise is still to be measured leaves the row waiting on that source, whatever else is known.
+    awaited = next(
+        (n.measured_by for p in sorted(pairs) if isinstance(n := noise.get(p), NoNoise) and n.measured_by), None
+    )
     marks = tuple(
         f"{rung}.{metric}: its noise includes {found.external_runs} recorded (external) run(s)"
         for (rung, metric), found in sorted(known.items())
@@ -568,8 +573,8 @@ def _assess_bar(
         read=bar.read,
         rule=bar.label,
         bar=bar.bar,
-        noise_cv=noisiest.cv if noisiest else None,
-        noise_source=noisiest.source if noisiest else "none",
+        noise_cv=noisiest.cv if noisiest and not awaited else None,
+        noise_source=awaited or (noisiest.source if noisiest else "none"),
         windows_per_rung=planned_windows(reg.protocol),
         se=None,
         mde=None,
