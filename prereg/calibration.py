@@ -24,11 +24,11 @@ from typing import Any
 from prereg.canonical import decode_nonfinite
 from prereg.ledger import Ledger
 from prereg.plan import plan_ladder
-from prereg.registry import get_workload
 from prereg.rules.values import is_number
 from prereg.schema import Protocol, Registration
 from prereg.sensitivity import (
     NoiseTable,
+    NoNoise,
     WindowSeries,
     aa_noise,
     baseline_rung,
@@ -85,7 +85,9 @@ def calibration_key(reg: Registration, items: Sequence[str]) -> dict[str, Any]:
     return {
         "rung": baseline_rung(reg),
         "items": list(items),
-        "config": reg.rung_config(baseline_rung(reg)),
+        # The effective config as a run-start records it (every key, defaults included): two documents that leave a
+        # key unset but resolved it with different defaults ran different baselines.
+        "config": reg.effective_config(baseline_rung(reg)).model_dump(mode="json"),
         "profile": reg.profile,
         "log_every": protocol.log_every,
         "discard_first": protocol.discard_first,
@@ -112,7 +114,7 @@ def calibration_runs(ledger: Ledger, reg_id: str, reg: Registration, items: Sequ
 
 def calibration_series(reg: Registration, runs: Sequence[CalibrationRun]) -> dict[str, list[WindowSeries]]:
     """metric -> each calibration run's read windows of it (after discard_first), as aa_noise takes them."""
-    metrics = get_workload(reg.workload).metrics
+    metrics = reg.declaration().metrics
     found: dict[str, list[WindowSeries]] = {}
     for run in runs:
         values: dict[str, list[float]] = {}
@@ -128,10 +130,17 @@ def calibration_series(reg: Registration, runs: Sequence[CalibrationRun]) -> dic
 
 
 def noise_with_calibration(reg: Registration, runs: Sequence[CalibrationRun], ledger_part: NoiseTable) -> NoiseTable:
-    """The calibration's noise where it has measured both runs, else the ledger's earlier windows."""
+    """The calibration's noise where it has measured both runs, else the ledger's earlier windows; where neither
+    gives it, both reasons."""
     if len(runs) < CALIBRATION_RUNS:
         return ledger_part
-    return preferring(aa_noise(reg, calibration_series(reg, runs)), ledger_part)
+    calibrated = aa_noise(reg, calibration_series(reg, runs))
+    merged = dict(preferring(calibrated, ledger_part))
+    for pair, noise in calibrated.items():
+        earlier = ledger_part.get(pair)
+        if isinstance(noise, NoNoise) and isinstance(earlier, NoNoise):
+            merged[pair] = NoNoise(f"the A/A calibration: {noise.reason}; earlier windows: {earlier.reason}")
+    return merged
 
 
 def noise_at_run(ledger: Ledger, reg_id: str, reg: Registration, items: Sequence[str]) -> NoiseTable:

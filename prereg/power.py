@@ -19,7 +19,6 @@ from typing import Any
 
 from prereg.calibration import CALIBRATION_RUNS, baseline_items, calibration_runs, noise_with_calibration
 from prereg.ledger import Ledger
-from prereg.registry import get_workload
 from prereg.schema import Protocol, Registration
 from prereg.sensitivity import (
     WINDOWS_CAP,
@@ -31,6 +30,7 @@ from prereg.sensitivity import (
     baseline_rung,
     ledger_noise,
     planned_windows,
+    rungs_like_baseline,
 )
 from prereg.state import RegistrationState, load_state
 
@@ -43,18 +43,13 @@ def awaiting_calibration(reg: Registration) -> NoiseTable:
     noise = reg.protocol.noise
     if noise is None:
         return {}
-    baseline = reg.rung_config(baseline_rung(reg))
     reason = (
         f"to be measured by the A/A calibration at run (the baseline {baseline_rung(reg)} {CALIBRATION_RUNS} times "
         f"for {noise.windows} read windows)"
     )
-    metrics = [name for name, m in get_workload(reg.workload).metrics.items() if m.summary == "median"]
-    return {
-        (rung.id, metric): NoNoise(reason, measured_by="aa")
-        for rung in reg.protocol.rungs
-        if reg.rung_config(rung.id) == baseline
-        for metric in metrics
-    }
+    metrics = [name for name, m in reg.declaration().metrics.items() if m.summary == "median"]
+    awaited = NoNoise(reason, measured_by="aa")
+    return {(rung, metric): awaited for rung in rungs_like_baseline(reg) for metric in metrics}
 
 
 def every_state(ledger: Ledger) -> list[RegistrationState]:
