@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -359,3 +361,136 @@ def test_audit_sensitivity_reads_each_decision_again_with_the_power_it_had_befor
     text = cli.ok("audit", "sensitivity").stdout
     assert "compared reads: robustness after the data, power before it" in text
     assert "2 decided · 2 compared reads · 1 fragile · 1 underpowered before their data" in text
+
+
+# --- the command workload: the calibration and the extension run the user's script -------------------------------
+
+# Windows of 5% noise around 20 ms a step (10 ms with the switch `fast`), seeded by the rung the engine names
+# (PREREG_RUNG): every run of the test sees the same windows, so the noise the calibration measures is fixed.
+NOISY_SCRIPT = """
+import json, os, random
+
+steps, every = int(os.environ["PREREG_STEPS"]), int(os.environ["PREREG_LOG_EVERY"])
+rng = random.Random(os.environ["PREREG_RUNG"])
+level = 0.01 if "fast" in os.environ["PREREG_SWITCHES"].split(",") else 0.02
+with open(os.environ["PREREG_WINDOWS"], "a") as out:
+    for step in range(1, steps + 1):
+        if step % every == 0 or step == steps:
+            out.write(json.dumps({"steps": step, "s_per_step": level * (1 + 0.05 * rng.gauss(0, 1))}) + "\\n")
+"""
+PARITY_PROBE = 'import json\nprint(json.dumps({"loss_abs": 0.0}))\n'
+
+
+def command_ladder(tmp_path: Path, on_underpowered: str) -> Path:
+    """A script's A/B ladder with one read window per rung and a 10% bar: 5% windows need several."""
+    lab = tmp_path / "lab"
+    lab.mkdir(exist_ok=True)
+    (lab / "train.py").write_text(NOISY_SCRIPT)
+    (lab / "probe.py").write_text(PARITY_PROBE)
+    python = Path(sys.executable)
+    text = f"""
+id = "cmd-power"
+title = "a script's ladder, powered before compute"
+question = "does the fast switch make a step at least 10% shorter?"
+workload = "command"
+profile = "local"
+
+[command]
+run = "{python} train.py"
+probe = "{python} probe.py"
+sources = ["train.py", "probe.py"]
+switches = ["fast"]
+metrics = ["s_per_step"]
+probes = {{ parity = ["loss_abs"] }}
+
+[cost]
+ceiling_gpu_h = 0.5
+on_ceiling = "stop"
+
+[[items]]
+id = "fast-item"
+title = "the fast switch"
+switch = "fast"
+bitwise = false
+  [[items.oracles]]
+  id = "fast-parity"
+  kind = "tolerance"
+  probe = "parity"
+  bounds = {{ loss_abs = 1e-4 }}
+
+[protocol]
+steps = 2
+log_every = 1
+discard_first = 1
+on_underpowered = "{on_underpowered}"
+  [protocol.noise]
+  windows = 4
+  [[protocol.rungs]]
+  id = "A"
+  [[protocol.rungs]]
+  id = "B"
+  items = ["fast-item"]
+
+[reads]
+gain = "(A.s_per_step - B.s_per_step) / A.s_per_step"
+
+[[rules]]
+id = "faster"
+when = "gain >= 0.1"
+outcome = "land-fast"
+land = ["fast-item"]
+"""
+    return write(lab, "cmd-power.toml", text)
+
+
+@pytest.fixture
+def command_run_folders():
+    """The calibration's and the rungs' folders land under reports/cmd-power/ in the checkout: removed after."""
+    folder = Path(__file__).resolve().parent.parent / "reports" / "cmd-power"
+    existed = folder.exists()
+    yield
+    if not existed:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_command_ladder_is_refused_from_its_scripts_calibration_then_extended(
+    cli: Cli, tmp_path: Path, command_run_folders
+) -> None:
+    """The gate runs the user's script as the A/A calibration (the baseline rung A, twice, for 4 read windows after
+    the warm-up step); one read window cannot see a 10% bar in 5% windows: refused (exit 3), no rung. Amended to
+    `extend`, the same calibration decides the windows, and both rungs run the script for the extended steps."""
+    ledger = cli.ledger
+    path = command_ladder(tmp_path, "refuse")
+    (planned,) = cli.ok_json("check", path)["sensitivity"]
+    assert (planned["noise_source"], planned["powered"], planned["windows_per_rung"]) == ("aa", None, 1)
+    cli.ok("freeze", path)
+    refused = prereg_process("run", "cmd-power", "--file", str(path), "--json", ledger=ledger, check=False)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    error = json.loads(refused.stdout)["error"]
+    assert "gain (rule faster) bar 0.1" in error and "noise CV" in error and "aa)" in error, error
+    assert not entries(ledger, "cmd-power", "run-start")
+    calibration = entries(ledger, "cmd-power", "calibration")
+    assert [(e.data["run"], e.data["rung"], e.data["steps"]) for e in calibration] == [(1, "A", 5), (2, "A", 5)]
+    for entry in calibration:
+        assert [w["step"] for w in entry.data["windows"]] == [1, 2, 3, 4, 5]
+        assert all(0.015 < w["s_per_step"] < 0.025 for w in entry.data["windows"])  # the script's, not the engine's
+    assert calibration[0].data["windows"] != calibration[1].data["windows"]  # two runs, two seeds
+    (gate,) = entries(ledger, "cmd-power", "gate")
+    assert gate.data["oracles"] == ["fast-parity"] and gate.data["calibration"] == [e.ref for e in calibration]
+
+    extend = 'reason = "extend instead"\n[set.protocol]\non_underpowered = "extend"\n'
+    amendment = write(tmp_path, "extend.toml", extend)
+    cli.ok("amend", "cmd-power", amendment)
+    summary = json.loads(
+        prereg_process("run", "cmd-power", "--file", str(path), "--json", ledger=ledger, check=True).stdout
+    )
+    assert summary["complete"], summary
+    (extension,) = entries(ledger, "cmd-power", "extension")
+    windows, steps = extension.data["windows"], extension.data["steps"]
+    assert windows > 1 and steps == 1 + windows and extension.data["bars"][0]["noise_source"] == "aa"
+    assert len(entries(ledger, "cmd-power", "calibration")) == 2  # the calibration stands
+    starts = entries(ledger, "cmd-power", "run-start")
+    assert sorted((e.data["rung"], e.data["steps"]) for e in starts) == [("A", steps), ("B", steps)]
+    verdict = cli.ok_json("verdict", "cmd-power")
+    assert [r["windows"] for r in verdict["rungs"]] == [windows, windows]
+    assert verdict["rule"] == "faster" and verdict["robustness"]["gain"]["fragile"] is False
