@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Cli, ledger_fingerprint, prereg_process, record_file, write
+from conftest import Cli, lab_ledger_copy, ledger_fingerprint, prereg_process, record_file, write
 from sqlalchemy.exc import OperationalError
 
 from prereg.calibration import calibration_runs, rung_cost_estimate
@@ -494,3 +494,42 @@ def test_a_command_ladder_is_refused_from_its_scripts_calibration_then_extended(
     verdict = cli.ok_json("verdict", "cmd-power")
     assert [r["windows"] for r in verdict["rungs"]] == [windows, windows]
     assert verdict["rule"] == "faster" and verdict["robustness"]["gain"]["fragile"] is False
+
+
+# --- docs/results.md -----------------------------------------------------------------------------------------------
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
+
+
+def results_cell(value) -> str:
+    """A value as docs/results.md's sensitivity table writes it: three significant digits, `—` for null."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def test_the_results_tables_power_and_fragility_are_the_ledgers(tmp_path: Path) -> None:
+    """docs/results.md's table of `prereg audit sensitivity` is what the committed ledger computes: a new verdict
+    (or a new record of earlier windows) that changes it must change the notebook too."""
+    from prereg.audit import audit_sensitivity
+
+    section = RESULTS.read_text(encoding="utf-8").split("\n## Power before compute, for the decisions already banked")
+    table = section[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    with Ledger.open(str(lab_ledger_copy(tmp_path / "ledger.db")), create=False, read_only=True) as ledger:
+        computed = audit_sensitivity(ledger)
+    expected = []
+    for r in computed["reads"]:
+        flip = "—" if r["flip_probability"] is None else f"{r['flip_probability']:.2f}"
+        flip += " **fragile**" if r["fragile"] else ""
+        cells = [f"`{r['id']}`", f"{r['read']} ({r['rule']})", f"{results_cell(r['value'])} vs {r['bar']:g}", flip]
+        cells += [results_cell(r["mde"]), results_cell(r["windows_needed"]), results_cell(r["powered"])]
+        expected.append("| " + " | ".join(cells) + " |")
+    assert rows == expected
+    counts = computed["counts"]
+    assert (
+        f"{counts['decided']} decided verdicts, {counts['compared']} compared reads: {counts['fragile']} fragile, "
+        f"{counts['underpowered']} underpowered before their data, {counts['power_unknown']} with no noise known"
+    ) in table
