@@ -362,6 +362,15 @@ def test_audit_sensitivity_reads_each_decision_again_with_the_power_it_had_befor
     assert "compared reads: robustness after the data, power before it" in text
     assert "2 decided · 2 compared reads · 1 fragile · 1 underpowered before their data" in text
 
+    out = tmp_path / "report"
+    cli.ok("report", "second", "--out", out)
+    report = (out / "report.md").read_text(encoding="utf-8")
+    power = report.split("\n## Sensitivity\n", 1)[1]
+    mde = f"{second['mde']:.4g}"
+    assert "Before the data, at 16 read windows per rung" in power and "| gain | near | " in power and mde in power
+    assert "| **no** |" in power and "| **fragile** |" in power  # underpowered before, fragile after
+    assert (out / "robustness.png").stat().st_size > 0 and "robustness.png" in report
+
 
 # --- the command workload: the calibration and the extension run the user's script -------------------------------
 
