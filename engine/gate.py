@@ -7,7 +7,7 @@ A probe that cannot run on this profile fails with that reason: it is not skippe
 Then, with `[protocol.noise]`, the A/A calibration (prereg.calibration): the baseline rung, after the oracles' drops,
 run twice from a fresh runner each (its effective config, its items' switches) for the steps that leave N read
 windows; each finished run is a `calibration` entry. It runs here, before any rung of the ladder has data, so the
-noise it measures cannot know the effect. The gate entry, written last, holds the whole process's device time:
+noise it measures cannot know the effect. The gate entry, written last, holds the whole process's device-seconds:
 oracles and calibration alike. A calibration run whose runner fails (a command's script that exits non-zero) ends
 the gate with exit 1, its reason on stderr and on the gate entry.
 """

@@ -1,10 +1,11 @@
 """The A/A calibration of `[protocol.noise] windows = N`: the baseline rung, twice, before any rung of the ladder.
 
-The gate (engine/gate.py) runs it after the oracles: each run a fresh model load with the baseline rung's effective
-config and planned items, for the steps that leave N read windows after discard_first. Each finished run is one
-`calibration` entry (ref: its own id) with the rung it stands for, its items, config, profile, window length and
-warm-up, its windows, and its device time: `gpu_s` (its load, `load_gpu_s`, and its steps, `steps_gpu_s`) and
-`start_gpu_s`, the gate process's own start, which a rung process pays too. The gate entry's `gpu_s` is the whole
+The gate (engine/gate.py) runs it after the oracles: each run a fresh runner (a model load, or a command's script
+started anew) with the baseline rung's effective config and planned items, for the steps that leave N read windows
+after discard_first. Each finished run is one `calibration` entry (ref: its own id) with the rung it stands for,
+its items, effective config (as a run-start records it), profile, window length and warm-up, its windows, and its
+device-seconds: `gpu_s` (its load, `load_gpu_s`, and its steps, `steps_gpu_s`) and `start_gpu_s`, the gate
+process's own start, which a rung process pays too. The gate entry's `gpu_s` is the whole
 gate process, so the ladder's cost counts the calibration, and before any rung has run the ceiling's projection of
 a rung is the calibration's (`rung_cost_estimate`); a run stopped before its last window is not an entry (its time
 is still in the gate's).
@@ -69,7 +70,7 @@ class CalibrationRun:
 
     @property
     def gpu_s(self) -> float:
-        """Its own device time inside the gate process: its model load and its steps."""
+        """Its own device-seconds inside the gate process: its model load and its steps."""
         return float(self.data["gpu_s"])
 
     def rung_estimate(self, steps: int) -> float:

@@ -1,4 +1,4 @@
-"""Power before compute, through the CLI: `check` and `freeze` show each bar's sensitivity (DESIGN.md's keys),
+"""Power before compute, through the CLI: `check` and `freeze` show each bar's sensitivity (docs/design.md's keys),
 `run` refuses (exit 3) or extends before any rung as `on_underpowered` says, the A/A calibration is recorded and
 counted, `verdict` shows each compared read's flip probability, `audit sensitivity` reads the whole ledger again.
 
