@@ -452,6 +452,29 @@ land = ["fast-item"]
     return write(lab, "cmd-power.toml", text)
 
 
+def test_check_of_the_bundled_command_example_assesses_its_bars_from_the_scripts_metrics(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The command example's bars are rows from the script's own metrics (each summarised by a median), unknown on a
+    ledger without earlier windows of the same [command] table, the reason given per rung and metric."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "command" / "mlp-matmul.toml"
+    empty = tmp_path / "empty.db"
+    Ledger.open(str(empty)).close()
+    result = cli("check", example, "--json", "--ledger", empty)
+    assert result.exit_code == 0, result.stdout
+    payload = result.json()
+    rows = {(row["read"], row["rule"]): row for row in payload["sensitivity"]}
+    assert set(rows) == {("speedup", "R1"), ("loss_gap", "R1"), ("speedup", "R2"), ("loss_gap", "R2")}
+    assert all(set(row) == SENSITIVITY_KEYS and row["powered"] is None for row in rows.values())
+    assert rows[("speedup", "R1")]["windows_per_rung"] == 8  # (300 - 60) / 30
+    notes = {(n["read"], n["note"]) for n in payload["sensitivity_notes"]}
+    assert ("speedup", "A.s_per_step: no earlier finished run of command (this [command] table) on local with "
+            "log_every = 30 and rung A's config has s_per_step windows") in notes  # fmt: skip
+    assert any(
+        read == "loss_gap" and note.startswith("A.loss: no earlier finished run of command") for read, note in notes
+    )
+
+
 @pytest.fixture
 def command_run_folders():
     """The calibration's and the rungs' folders land under reports/cmd-power/ in the checkout: removed after."""
