@@ -33,7 +33,7 @@ from engine.workload import memory_directory, snapshots_in
 from prereg.actions import check_source_unchanged, check_sources_unchanged
 from prereg.calibration import CALIBRATION_RUNS, baseline_items, calibration_runs, noise_at_run, rung_cost_estimate
 from prereg.cost import cost_summary
-from prereg.errors import InvalidInput, LedgerCorrupt, Refused
+from prereg.errors import InvalidInput, LedgerCorrupt, PreregError, Refused
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
 from prereg.power import EXTENSION_KIND, describe, plan_extension, recorded_extension, refusal, unpowered
@@ -355,9 +355,22 @@ class Ladder:
         if self.stopping is not None:
             return
         if rc != 0:
+            self.refuse_failed_calibration()
             raise RuntimeError(f"the oracle gate process exited with {rc}")
         if self.calibration_pending(reg, load_state(self.ledger, self.reg_id, with_windows=False)):
             raise RuntimeError("the gate process ended without recording the A/A calibration's runs")
+
+    def refuse_failed_calibration(self) -> None:
+        """A gate whose A/A calibration's runner failed (a command's script that exited non-zero) says why on its
+        entry: that is the user's to fix, not a bug of the engine."""
+        last = None
+        for entry in self.ledger.entries(reg_id=self.reg_id, kinds=("gate",)):
+            last = entry
+        if last is not None and last.data.get("calibration_failed"):
+            raise PreregError(
+                f"the A/A calibration failed (gate entry {last.seq}): {last.data['calibration_failed']}",
+                fix="fix what failed, then run again: the calibration runs again before any rung",
+            )
 
     def calibration_pending(self, reg: Registration, state: RegistrationState) -> bool:
         if reg.protocol.noise is None:

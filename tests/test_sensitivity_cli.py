@@ -390,11 +390,11 @@ with open(os.environ["PREREG_WINDOWS"], "a") as out:
 PARITY_PROBE = 'import json\nprint(json.dumps({"loss_abs": 0.0}))\n'
 
 
-def command_ladder(tmp_path: Path, on_underpowered: str) -> Path:
+def command_ladder(tmp_path: Path, on_underpowered: str, script: str = NOISY_SCRIPT) -> Path:
     """A script's A/B ladder with one read window per rung and a 10% bar: 5% windows need several."""
     lab = tmp_path / "lab"
     lab.mkdir(exist_ok=True)
-    (lab / "train.py").write_text(NOISY_SCRIPT)
+    (lab / "train.py").write_text(script)
     (lab / "probe.py").write_text(PARITY_PROBE)
     python = Path(sys.executable)
     text = f"""
@@ -565,3 +565,18 @@ def test_the_results_tables_power_and_fragility_are_the_ledgers(tmp_path: Path) 
         f"{counts['decided']} decided verdicts, {counts['compared']} compared reads: {counts['fragile']} fragile, "
         f"{counts['underpowered']} underpowered before their data, {counts['power_unknown']} with no noise known"
     ) in table
+
+
+def test_a_script_that_fails_its_calibration_stops_the_run_with_its_reason_and_no_rung(
+    cli: Cli, tmp_path: Path, command_run_folders
+) -> None:
+    path = command_ladder(tmp_path, "warn", script='import sys\nsys.exit("no GPU here, on purpose")\n')
+    cli.ok("freeze", path)
+    result = prereg_process("run", "cmd-power", "--file", str(path), "--json", ledger=cli.ledger, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    error = json.loads(result.stdout)
+    assert error["error"].startswith("the A/A calibration failed (gate entry ") and "exited with 1" in error["error"]
+    assert "no GPU here, on purpose" in error["error"] and "calibration runs again" in error["fix"]
+    (gate,) = entries(cli.ledger, "cmd-power", "gate")
+    assert gate.data["oracles"] == ["fast-parity"] and gate.data["calibration"] == [] and gate.data["gpu_s"] > 0
+    assert not entries(cli.ledger, "cmd-power", "calibration") and not entries(cli.ledger, "cmd-power", "run-start")
