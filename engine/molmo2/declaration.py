@@ -19,6 +19,10 @@ SWITCHES = {
     "pool_fp32_math": "X3 (retired: dropped by its ladder; its code left the workload): the pooling attention as "
     "fp32 arithmetic instead of fp32 SDPA, training mode only",
     "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
+    "fp8_decoder_linears": "X5: the decoder blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) "
+    "in training mode only",
+    "fp8_rowwise_decoder_linears": "X6: the decoder blocks' linears on torchao's rowwise float8 recipe (a scale per "
+    "row), training mode only; at most one of X5 and X6",
 }
 
 _TOL = frozenset({"tolerance"})

@@ -34,6 +34,25 @@ class Switches:
     # over every gradient first. Below the clip the update is the baseline's bitwise; above it, a divide by 1/c
     # instead of a multiply by c. Needs the fused AdamW.
     clip_in_adamw: bool = False
+    # X5: the decoder blocks' four linears (fused qkv, attention out, fused up/gate, down) as float8 matmuls in
+    # training (torchao's float8 training: dynamic tensorwise scales, e4m3 forward, e5m2 gradients); evaluation and
+    # decode keep bf16. A numerics change.
+    fp8_decoder_linears: bool = False
+    # X6: the same linears on torchao's rowwise float8 recipe (one scale per row, e4m3 throughout, power-of-two
+    # scales): finer scaling than X5's one scale per tensor. At most one of X5 and X6 is on.
+    fp8_rowwise_decoder_linears: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fp8_decoder_linears and self.fp8_rowwise_decoder_linears:
+            raise ValueError(
+                "fp8_decoder_linears (X5) and fp8_rowwise_decoder_linears (X6) are two float8 recipes for the same "
+                "linears: turn on at most one"
+            )
+
+    def float8_recipe(self) -> str | None:
+        if self.fp8_decoder_linears:
+            return "tensorwise"
+        return "rowwise" if self.fp8_rowwise_decoder_linears else None
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

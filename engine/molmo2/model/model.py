@@ -106,7 +106,6 @@ class Molmo2Model(nn.Module):
     def __init__(self, config: Molmo2Config, switches: Switches = BASELINE) -> None:
         super().__init__()
         self.config = config
-        self.switches = switches  # reassign to change rungs without reloading
         self.execution = EAGER  # set with `set_execution`
         # Plain attributes (a list, a wrapper set through __dict__): not submodules, so no extra state-dict keys.
         self._compiled_blocks: list[nn.Module] | None = None
@@ -116,6 +115,19 @@ class Molmo2Model(nn.Module):
         self.lm_head = nn.Linear(t.hidden_size, t.vocab_size, bias=False)  # untied; base vocabulary only
         self.fast_head = nn.Linear(t.hidden_size, config.fast_vocab_size, bias=False)
         self.state_proj = nn.Linear(config.state_dim, t.hidden_size)  # zero-initialised: the prompt starts undisturbed
+        self.switches = switches  # reassign to change rungs without reloading
+
+    @property
+    def switches(self) -> Switches:
+        return self._switches
+
+    @switches.setter
+    def switches(self, switches: Switches) -> None:
+        self._switches = switches
+        recipe = switches.float8_recipe()
+        for block in self.transformer.blocks:
+            block.self_attn.set_float8(recipe)
+            block.mlp.set_float8(recipe)
 
     @property
     def transformer(self) -> TextModel:
