@@ -169,8 +169,10 @@ def fmt(value: Any) -> str:
 
 
 @contextmanager
-def existing_ledger(option: str | None) -> Iterator[Any]:
-    """The ledger at the URL if there is one (None for a ledger file that does not exist); never created."""
+def existing_ledger(option: str | None, *, read_only: bool = False) -> Iterator[Any]:
+    """The ledger at the URL if there is one (None for a ledger file that does not exist); never created.
+    `read_only`: the database refuses every write on its connections, and no run is reconciled (a verb that
+    promises to write nothing)."""
     url = ledger_url(option)
     if (
         not url.startswith(("postgresql://", "postgresql+psycopg://"))
@@ -178,20 +180,34 @@ def existing_ledger(option: str | None) -> Iterator[Any]:
     ):
         yield None
         return
+    if read_only:
+        from prereg.ledger import Ledger
+
+        with Ledger.open(url, create=False, read_only=True) as store:
+            yield store
+        return
     with open_ledger(option) as store:
         yield store
 
 
+# Why check's sensitivity has no earlier windows when there is no ledger (not where: the path is the one --ledger
+# or PREREG_LEDGER gave).
+NO_LEDGER_FILE = "no ledger file here"
+
+
 @app.command()
 def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
-    """Validate a registration and print the resolved plan with every rung's effective config; writes nothing.
-    A document frozen in the ledger resolves with the defaults it was frozen with."""
+    """Validate a registration and print the resolved plan with every rung's effective config and the sensitivity
+    of its bars; writes nothing (the ledger is opened read-only). A document frozen in the ledger resolves with the
+    defaults it was frozen with."""
     from prereg.actions import check as do_check
     from prereg.documents import document_hash
+    from prereg.power import assessment_before_run
 
-    with verb(as_json), existing_ledger(ledger) as store:
+    with verb(as_json), existing_ledger(ledger, read_only=True) as store:
         result = do_check(store, file)
         reg = result.reg
+        assessment = assessment_before_run(reg, store, unread=NO_LEDGER_FILE)
         payload = {
             "id": reg.id,
             "doc_hash": document_hash(reg),
@@ -205,11 +221,13 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             "config_defaults": reg.config_defaults,
             "notes": [use.note() for use in result.retired] + check_numerics_notes(result),
             "assumed": assumed_payload(result.assumed),
+            **sensitivity_payload(assessment),
         }
         if emit(as_json, payload):
             return
         print_plan(reg, frozen=result.frozen)
         print_assumed(payload["assumed"], reg.source)
+        print_sensitivity(assessment)
         for note in payload["notes"]:
             out.print(f"[yellow]note[/]: {esc(note)}")
         out.print(f"[green]valid[/] · document {payload['doc_hash'][:16]}")
@@ -218,6 +236,12 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
 def check_numerics_notes(result) -> list[str]:
     """The numerics guard's note on a document frozen before the rule (prereg/numerics_guard.py)."""
     return [result.numerics_note] if result.numerics_note else []
+
+
+def sensitivity_payload(assessment) -> dict[str, Any]:
+    """`sensitivity` (one row per bar, with exactly the keys docs/design.md names) and beside it why a row has
+    nulls."""
+    return {"sensitivity": assessment.rows_json(), "sensitivity_notes": assessment.notes_json()}
 
 
 @app.command()
@@ -254,8 +278,9 @@ def new(
 
 @app.command()
 def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
-    """Validate and freeze a registration; prints id, document hash, ledger head."""
+    """Validate and freeze a registration; prints id, document hash, ledger head, and a warning per unpowered bar."""
     from prereg.actions import freeze_registration, load_against, refuse_new_freeze, source_hashes
+    from prereg.power import assessment_before_run
 
     with verb(as_json):
         # Validate before the ledger is opened for writing: a bad file must not even create an empty ledger (exit 2
@@ -267,12 +292,14 @@ def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -
                 refuse_new_freeze(reg, file)
         with open_ledger(ledger, create=True) as store:
             result = freeze_registration(store, reg, raw, file)
+            assessment = assessment_before_run(reg, store)
         payload = {
             "id": result.reg_id,
             "doc_hash": result.doc_hash,
             "head": result.head,
             "seq": result.seq,
             "already_frozen": result.already,
+            **sensitivity_payload(assessment),
         }
         if emit(as_json, payload):
             return
@@ -280,6 +307,14 @@ def freeze(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) -
         out.print(
             f"{result.reg_id} {state} · document {result.doc_hash[:16]} · entry {result.seq} · head {result.head[:16]}"
         )
+        print_unpowered_warnings(assessment, reg.protocol.on_underpowered)
+
+
+def print_unpowered_warnings(assessment, on_underpowered: str) -> None:
+    from prereg.power import describe, unpowered
+
+    for row in unpowered(assessment):
+        out.print(f"[bold yellow]UNDERPOWERED[/]: {esc(describe(row))} · on_underpowered = {on_underpowered}")
 
 
 @app.command()
@@ -715,6 +750,49 @@ def print_adoption(result: dict[str, Any]) -> None:
     out.print(f"{len(result['registrations'])} registrations · {counts or 'nothing decided or adopted'}")
 
 
+@audit_app.command("sensitivity")
+def audit_sensitivity(ledger: str = LedgerOption, as_json: bool = JsonOption) -> None:
+    """Every decided verdict's compared reads: bar, value, flip probability, fragile, and the power they had
+    before their data."""
+    from prereg.audit import audit_sensitivity as query
+
+    with verb(as_json), open_ledger(ledger) as store:
+        result = query(store)
+        if emit(as_json, result):
+            return
+        print_audit_sensitivity(result)
+
+
+def short_number(value: Any) -> str:
+    """Three significant digits: enough to set a value beside its bar, and narrow enough for 80 columns."""
+    return f"{value:.3g}" if isinstance(value, float) else fmt(value)
+
+
+def print_audit_sensitivity(result: dict[str, Any]) -> None:
+    table = [
+        [
+            esc(row["id"]) + (" [bold yellow]POST-HOC[/]" if row["post_hoc"] else ""),
+            esc(row["read"]),
+            esc(f"{short_number(row['value'])} vs {row['bar']:g}"),
+            flip_cell(row),
+            short_number(row["mde"]),
+            {True: "yes", False: "[bold red]no[/]", None: "—"}[row["powered"]],
+        ]
+        for row in result["reads"]
+    ]
+    columns = [Column("id", key=True, min_width=REG_ID_WIDTH), Column("read", min_width=8)]
+    columns += [Column("value vs bar", min_width=9), Column("flip", min_width=7)]
+    columns += [Column("MDE before", short=True), Column("powered", short=True)]
+    print_table(out, "compared reads: robustness after the data, power before it", columns, table)
+    counts = result["counts"]
+    out.print(
+        f"{counts['decided']} decided · {counts['compared']} compared reads · {counts['fragile']} fragile · "
+        f"{counts['underpowered']} underpowered before their data · {counts['power_unknown']} with no noise known"
+    )
+    if result["without_bars"]:
+        out.print(f"no read compared with a bar: {esc(', '.join(result['without_bars']))}")
+
+
 @audit_app.command("verify")
 def audit_verify(
     published_head: str = typer.Option(None, "--head", help="a head published earlier; truncation past it is caught"),
@@ -886,6 +964,51 @@ def print_assumed(assumed: list[dict[str, Any]], source: str | None) -> None:
     out.print(f"values: every other one is {other}")
 
 
+def print_sensitivity(assessment) -> None:
+    """The bars' table (one row per bar), then why a row has nulls and the compared reads with no bar."""
+    rows = assessment.rows
+    if not rows and not assessment.unresolved:
+        out.print("sensitivity: no rule compares a read with a constant")
+        return
+    if rows:
+        table = [
+            [
+                esc(row.read),
+                esc(row.rule),
+                f"{row.bar:g}",
+                noise_cell(row.noise_cv, row.noise_source),
+                fmt(row.mde),
+                fmt(row.windows_needed),
+                {True: "yes", False: "[bold red]no[/]", None: "—"}[row.powered],
+            ]
+            for row in rows
+        ]
+        columns = [Column("read", min_width=8), Column("rule", min_width=4), Column("bar", short=True)]
+        columns += [Column("noise CV", min_width=8), Column("MDE", short=True), Column("windows needed", short=True)]
+        title = f"sensitivity at {rows[0].windows_per_rung} read windows per rung (MDE: two-sided 5%, power 80%)"
+        print_table(out, title, columns + [Column("powered", short=True)], table)
+    # A read compared in several rules has the same notes in each: one line per read and note, naming the rules.
+    rules_of: dict[tuple[str, str], list[str]] = {}
+    for note in assessment.notes_json():
+        rules_of.setdefault((note["read"], note["note"]), []).append(note["rule"])
+    for (read, note), rules in rules_of.items():
+        out.print(esc(f"  {read} ({', '.join(rules)}): {note}"))
+
+
+def flip_cell(entry: dict[str, Any] | None) -> str:
+    """A compared read's bootstrap probability of landing on the other side of its bar; `fragile` above 20%."""
+    if entry is None or entry["flip_probability"] is None:
+        return "—"
+    mark = " [bold yellow]fragile[/]" if entry["fragile"] else ""
+    return f"{entry['flip_probability']:.2f}{mark}"
+
+
+def noise_cell(cv: float | None, source: str) -> str:
+    if cv is not None:
+        return f"{cv:.3g} ({source})"
+    return "A/A at run" if source == "aa" else "—"
+
+
 def print_rungs(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
     """Two tables: what each rung ran and how it ended, then what it measured (the window fields every workload
     reports, then the metrics the workload's declaration marks for display)."""
@@ -966,11 +1089,16 @@ def print_verdict(v: dict[str, Any], workload: WorkloadDeclaration) -> None:
                     esc(name),
                     esc(fmt(value)),
                     esc(f"[{interval[0]:.4g}, {interval[1]:.4g}]") if interval else "—",
+                    flip_cell(v["robustness"].get(name)),
                     esc(v["undefined"].get(name, "")),
                 ]
             )
         columns = [Column("read", min_width=12), Column("value", min_width=8), Column("95% interval", min_width=12)]
-        print_table(out, "reads", columns + [Column("undefined because", min_width=20)], reads)
+        columns += [Column("flip", min_width=7), Column("undefined because", min_width=20)]
+        print_table(out, "reads", columns, reads)
+    for name, entry in v["robustness"].items():
+        if name not in v["reads"]:  # a rule compared an expression, not a named read, with its bar
+            out.print(f"compared {esc(name)} with {entry['bar']:g}: flip {flip_cell(entry)}")
     for trace in v["rules"]:
         state = "undefined: " + trace["undefined"] if trace["undefined"] else fmt(trace["value"])
         out.print(esc(f"rule {trace['rule']}: {trace['when']} → {state}"))

@@ -8,6 +8,10 @@ affected rungs re-run primed (C -> C'). The cost ceiling is projected before eac
 Where the gate and the rungs run is the registration's launcher's (engine/launch): processes of this machine
 (torchrun's ranks for a profile of several), or cluster jobs, which outlive the ladder: a ladder stopped by a
 signal leaves its job running, and the next run waits for it and reads its result before anything else.
+
+Power before compute (prereg.power): with `[protocol.noise]` the gate also runs the A/A calibration; then, once,
+before the first rung, `on_underpowered` warns, refuses (exit 3) or extends every rung's steps, and the rung
+processes run the steps the ladder gives them.
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ from engine.reconcile import record_interrupted, running
 from engine.runlock import RunLock
 from engine.workload import memory_directory, snapshots_in
 from prereg.actions import check_source_unchanged, check_sources_unchanged
+from prereg.calibration import CALIBRATION_RUNS, baseline_items, calibration_runs, noise_at_run, rung_cost_estimate
 from prereg.cost import cost_summary
-from prereg.errors import InvalidInput, LedgerCorrupt, Refused
+from prereg.errors import InvalidInput, LedgerCorrupt, PreregError, Refused
 from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
+from prereg.power import EXTENSION_KIND, describe, plan_extension, recorded_extension, refusal, unpowered
 from prereg.schema import Registration
+from prereg.sensitivity import Assessment, assess, baseline_rung, planned_windows
 from prereg.state import RegistrationState, RungRun, load_state, require_frozen
 from prereg.verdict import VerdictEnv, judge_until_pass, rung_views
 from prereg.workload import Profile
@@ -61,6 +68,18 @@ def check_profile(profile: Profile) -> None:
         )
     if torch.cuda.device_count() < profile.gpus:
         raise Refused(f"profile {profile.name} needs {profile.gpus} GPUs; this machine has {torch.cuda.device_count()}")
+
+
+def refuse_calibration_across_processes(reg: Registration, profile: Profile) -> None:
+    """The A/A calibration runs in the gate's one process: a profile whose rungs are several processes would have
+    its noise measured on a run unlike any of its rungs."""
+    if reg.protocol.noise is not None and profile.world_size > 1:
+        raise Refused(
+            f"[protocol.noise]: the A/A calibration runs in the gate's one process, and profile {profile.name} runs "
+            f"each rung as {profile.world_size} processes: it would measure windows unlike its rungs'",
+            fix="amend away [protocol.noise] (the noise then comes from earlier windows in the ledger), "
+            "or register a one-process profile",
+        )
 
 
 def registration_file(ledger: Ledger, reg_id: str, file: Path | None) -> Path:
@@ -165,6 +184,7 @@ class Ladder:
         self.started = time.monotonic()
         self.child: Any = None
         self.stopping: str | None = None
+        self.power: dict[str, Any] | None = None  # what on_underpowered decided (settle_power), for the summary
 
     def say(self, text: str) -> None:
         if self.console is not None:
@@ -294,14 +314,127 @@ class Ladder:
 
     def gate(self, reg: Registration, state: RegistrationState) -> None:
         pending = [o.id for i in reg.items for o in i.oracles if o.id not in state.oracles]
-        if not pending:
+        calibrating = self.calibration_pending(reg, state)
+        if not pending and not calibrating:
             return
-        self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
+        if pending:
+            self.say(f"[bold]oracle gate[/]: {len(pending)} oracle(s) — every one runs before any rung")
+        if calibrating:
+            assert reg.protocol.noise is not None
+            self.say(
+                f"[bold]A/A calibration[/]: the baseline rung {baseline_rung(reg)} {CALIBRATION_RUNS} times for "
+                f"{reg.protocol.noise.windows} read windows — the noise every bar is assessed against"
+            )
         rc = self.run_child("gate", self.child_args(), reg.declaration().profiles[reg.profile])
         if self.stopping is not None or rc is None:
             return
         if rc != 0:
+            self.refuse_failed_calibration()
             raise RuntimeError(f"the oracle gate process exited with {rc}")
+        if self.calibration_pending(reg, load_state(self.ledger, self.reg_id, with_windows=False)):
+            raise RuntimeError("the gate process ended without recording the A/A calibration's runs")
+
+    def refuse_failed_calibration(self) -> None:
+        """A gate whose A/A calibration's runner failed (a command's script that exited non-zero) says why on its
+        entry: that is the user's to fix, not a bug of the engine."""
+        last = None
+        for entry in self.ledger.entries(reg_id=self.reg_id, kinds=("gate",)):
+            last = entry
+        if last is not None and last.data.get("calibration_failed"):
+            raise PreregError(
+                f"the A/A calibration failed (gate entry {last.seq}): {last.data['calibration_failed']}",
+                fix="fix what failed, then run again: the calibration runs again before any rung",
+            )
+
+    def calibration_pending(self, reg: Registration, state: RegistrationState) -> bool:
+        if reg.protocol.noise is None:
+            return False
+        items = baseline_items(reg, set(state.dropped()))
+        return len(calibration_runs(self.ledger, self.reg_id, reg, items)) < CALIBRATION_RUNS
+
+    def settle_power(self, reg: Registration, state: RegistrationState) -> int:
+        """The steps every rung runs. Decided once, before any rung of the ladder has data: from the noise alone
+        (the calibration's, else earlier windows in the ledger), as `on_underpowered` says; afterwards the
+        recorded decision stands."""
+        mode = reg.protocol.on_underpowered
+        recorded = recorded_extension(self.ledger, self.reg_id, reg.protocol)
+        if recorded is not None or state.runs:
+            steps = int(recorded["steps"]) if recorded else reg.protocol.steps
+            self.power = {"on_underpowered": mode, "steps": steps, "decided": "before", "extension": recorded}
+            if recorded:
+                self.say(
+                    f"[bold]extended[/] (entry {recorded['seq']}): every rung runs {steps} steps"
+                    f" ({recorded['windows']} read windows)"
+                )
+            return steps
+        items = baseline_items(reg, set(state.dropped()))
+        assessment = assess(reg, noise_at_run(self.ledger, self.reg_id, reg, items))
+        short = unpowered(assessment)
+        self.power = {
+            "on_underpowered": mode,
+            "steps": reg.protocol.steps,
+            "decided": "now",
+            "sensitivity": assessment.rows_json(),
+            "sensitivity_notes": assessment.notes_json(),
+            "extension": None,
+        }
+        self.say_power(assessment)
+        if not short:
+            return reg.protocol.steps
+        if mode == "refuse":
+            message, fix = refusal(short, reg.protocol)
+            raise Refused(message, fix=fix)
+        if mode == "warn":
+            return reg.protocol.steps
+        return self.extend(reg, state, assessment)
+
+    def say_power(self, assessment: Assessment) -> None:
+        for row in assessment.rows:
+            if row.powered is False:
+                self.say(f"[bold yellow]UNDERPOWERED[/]: {describe(row)}")
+            elif row.powered is None:
+                why = "; ".join(row.notes) or "no noise is known"
+                self.say(f"[yellow]power unknown[/]: {row.read} (rule {row.rule}) bar {row.bar:g}: {why}")
+
+    def extend(self, reg: Registration, state: RegistrationState, assessment: Assessment) -> int:
+        """on_underpowered = extend: every rung gets the read windows the neediest reachable bar needs; the cost
+        is projected with them (from the calibration's time per step) and the ceiling's on_ceiling follows."""
+        extension = plan_extension(reg.protocol, assessment.rows)
+        for row in unpowered(assessment):
+            if not row.windows_needed:
+                self.say(f"[yellow]no extension reaches[/] {row.read} (rule {row.rule}): {'; '.join(row.notes)}")
+        if extension is None:
+            return reg.protocol.steps
+        items = baseline_items(reg, set(state.dropped()))
+        per_rung = rung_cost_estimate(calibration_runs(self.ledger, self.reg_id, reg, items), extension.steps)
+        cost = cost_summary(self.ledger, state)
+        rungs = len(pending_rungs(reg, state))
+        projected = None if per_rung is None else cost["gpu_s"] + per_rung * rungs
+        projection = {
+            "spent_gpu_s": cost["gpu_s"],
+            "per_rung_gpu_s": per_rung,
+            "rungs": rungs,
+            "projected_gpu_s": projected,
+            "ceiling_gpu_s": cost["ceiling_gpu_s"],
+            "over_ceiling": None if projected is None else projected > cost["ceiling_gpu_s"],
+            "on_ceiling": reg.cost.on_ceiling,
+        }
+        data = extension.entry(reg.protocol, version=state.version, projection=projection)
+        entry = self.ledger.append(EXTENSION_KIND, self.reg_id, data)
+        self.power.update(steps=extension.steps, extension={**data, "seq": entry.seq})
+        self.say(
+            f"[bold]extended[/] (entry {entry.seq}): every rung runs {extension.steps} steps, "
+            f"{extension.windows} read windows instead of {planned_windows(reg.protocol)}, for "
+            + ", ".join(f"{row.read} (rule {row.rule})" for row in extension.reached)
+        )
+        if projected is None:
+            self.say("  no time per step is known before a rung has run: the ceiling projects from the first rung on")
+        elif projected > cost["ceiling_gpu_s"]:
+            self.say(
+                f"[bold red]the extension does not fit the ceiling[/]: projected {projected:.1f} of"
+                f" {cost['ceiling_gpu_s']:.0f} device-s; on_ceiling = {reg.cost.on_ceiling} decides"
+            )
+        return extension.steps
 
     def print_plan(self, reg: Registration, state: RegistrationState) -> None:
         if self.console is None:
@@ -331,14 +464,20 @@ class Ladder:
             where = f"oracle {why['oracle']}" if why["cause"] == "oracle" else f"kill {why['kill']}"
             self.console.print(f"  dropped {item} ({where}): {why['reason']}")
 
-    def ceiling_allows(self, reg: Registration, state: RegistrationState, remaining: int) -> tuple[bool, float | None]:
-        """Project the ladder's total before a rung; apply on_ceiling. Returns (start the rung?, in-rung deadline)."""
+    def ceiling_allows(
+        self, reg: Registration, state: RegistrationState, remaining: int, steps: int | None = None
+    ) -> tuple[bool, float | None]:
+        """Project the ladder's total before a rung; apply on_ceiling. Returns (start the rung?, in-rung deadline).
+        A rung's cost is the mean of the finished ones, or before any has finished the A/A calibration's at the
+        rungs' `steps` (the protocol's unless an extension gave more)."""
+        steps = reg.protocol.steps if steps is None else steps
         cost = cost_summary(self.ledger, state)
         spent, ceiling = cost["gpu_s"], cost["ceiling_gpu_s"]
         finished = [
             r.totals["gpu_s"] for r in state.runs if not r.external and r.status == "finished" and "gpu_s" in r.totals
         ]
-        estimate = statistics.mean(finished) if finished else None
+        calibrated = calibration_runs(self.ledger, self.reg_id, reg, baseline_items(reg, set(state.dropped())))
+        estimate = statistics.mean(finished) if finished else rung_cost_estimate(calibrated, steps)
         projected = spent + (estimate * remaining if estimate is not None else 0.0)
         mode = reg.cost.on_ceiling
         if spent >= ceiling or projected > ceiling:
@@ -418,6 +557,9 @@ class Ladder:
             return self.summary("detached")  # the gate's job: no rung is submitted before its oracles are in
         state = load_state(self.ledger, self.reg_id, with_windows=False)
         stopped = "gate-only" if self.gate_only and self.stopping is None else None
+        steps = reg.protocol.steps
+        if self.stopping is None and not self.gate_only:
+            steps = self.settle_power(state.registration(), state)
         if self.stopping is None:
             self.print_plan(reg, state)
         while self.stopping is None and not self.gate_only:
@@ -431,7 +573,7 @@ class Ladder:
             batch = pending if reg.protocol.schedule == "interleaved" else pending[:1]
             if reg.protocol.kind == "until_pass":
                 batch = pending[:1]  # until-pass ladders are ordered: a rung runs only if every earlier one failed
-            allowed, deadline = self.ceiling_allows(reg, state, len(pending))
+            allowed, deadline = self.ceiling_allows(reg, state, len(pending), steps=steps)
             if not allowed:
                 stopped = "ceiling"
                 break
@@ -444,7 +586,7 @@ class Ladder:
                     " stopping cleanly — run again to resume"
                 )
                 break
-            args = self.child_args()
+            args = [*self.child_args(), "--steps", str(steps)]
             for planned, label in batch:
                 args += ["--run-spec", f"{uuid.uuid4().hex[:12]}={label}:{planned.id}:{','.join(planned.items)}"]
             if deadline is not None:
@@ -537,6 +679,7 @@ class Ladder:
             "dropped": state.dropped(),
             "runs": [{"run": r.run_id, "rung": r.rung, "status": r.status, "windows": r.n_windows} for r in state.runs],
             "cost": cost,
+            "power": self.power,
             "head": head,
         }
         if self.launch.detached_jobs:
@@ -626,6 +769,7 @@ def run_ladder(
         )
     if not launch.detached_jobs:
         check_profile(profile)  # a cluster job's machine is not this one: its rung checks its own ranks
+    refuse_calibration_across_processes(reg, profile)
     ladder = Ladder(
         ledger,
         reg_id,

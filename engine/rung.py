@@ -113,7 +113,8 @@ def read_plan(args: argparse.Namespace, ledger, runs: list[dict[str, Any]]):
         "switches": {i.id: i.switch for i in reg.items},
         "version": state.version,
         "schedule": protocol.schedule,
-        "steps": protocol.steps,
+        # The ladder decides a rung's steps: the protocol's, or more when on_underpowered = "extend" recorded more.
+        "steps": args.steps or protocol.steps,
         "log_every": protocol.log_every,
         "eval_every": protocol.eval_every,
         "save_every": protocol.save_every,
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--deadline-s", type=float, default=None, help="device-seconds left under the ceiling (on_ceiling = stop)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="the rung's steps, as the ladder decided them (default: the protocol's)"
     )
     parser.add_argument("--save-dir", default=None)
     parser.add_argument(
@@ -214,6 +218,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "switches": [plan["switches"][i] for i in run["items"]],
                     "config": plan["config"],
                     "effective_config": plan["effective_config"],
+                    "steps": plan["steps"],
                     "version": plan["version"],
                     "schedule": plan["schedule"] if len(runs) > 1 else "sequential",
                     "interleaved_with": [r["run"] for r in runs if r is not run],

@@ -8,8 +8,11 @@ from prereg.adoption import CHECK_STATUSES, adoption_rows, adoptions_of, check_r
 from prereg.assumed import assumed_values
 from prereg.cost import cost_summary
 from prereg.ledger import Ledger
+from prereg.power import every_state, power_before_data
+from prereg.rules import Undefined
 from prereg.schema import CONFIDENCE_PROBABILITY
 from prereg.state import load_state
+from prereg.verdict import verdict_detail
 
 
 def _latest_verdict(state) -> dict[str, Any] | None:
@@ -235,3 +238,47 @@ def audit_adoption(ledger: Ledger) -> dict[str, Any]:
             }
         )
     return {"registrations": registrations, "counts": counts}
+
+
+def audit_sensitivity(ledger: Ledger) -> dict[str, Any]:
+    """For every decided registration, each read its decision compared with a bar: the bar, the read's value, its
+    bootstrap flip probability and `fragile` (robustness, recomputed from the windows), and the power it had
+    before its data (prereg.power.power_before_data): the MDE, the windows it needed, `powered`."""
+    states = every_state(ledger)
+    rows: list[dict[str, Any]] = []
+    without_bars: list[str] = []
+    decided = 0
+    for state in states:
+        verdict = _latest_verdict(state)
+        if verdict is None or verdict["outcome"] is None:
+            continue
+        decided += 1
+        detail = verdict_detail(ledger, state.reg_id)
+        before = power_before_data(ledger, state, states)
+        shown = detail.verdict["robustness"]
+        if not shown:
+            without_bars.append(state.reg_id)
+        for read, entry in shown.items():
+            # The bar robustness shows (the one the read is likeliest to cross), as assessed before the data.
+            power = next(r for r in before.rows if r.read == read and r.bar == entry["bar"])
+            value = detail.compared.get(read)
+            rows.append(
+                {
+                    "id": state.reg_id,
+                    "outcome": verdict["outcome"],
+                    "post_hoc": bool(state.post_hoc_paths()),
+                    **power.as_json(),
+                    "value": None if isinstance(value, Undefined) else value,
+                    "flip_probability": entry["flip_probability"],
+                    "fragile": entry["fragile"],
+                    "notes": list(power.notes),
+                }
+            )
+    counts = {
+        "decided": decided,
+        "compared": len(rows),
+        "fragile": sum(row["fragile"] is True for row in rows),
+        "underpowered": sum(row["powered"] is False for row in rows),
+        "power_unknown": sum(row["powered"] is None for row in rows),
+    }
+    return {"reads": rows, "without_bars": without_bars, "counts": counts}

@@ -8,8 +8,9 @@ where it is read:
   engine splits its time evenly among them). The sum is the verdict's `cost.gpu_s`, the number the ceiling judges.
 - model load: the run-end's `totals.load_gpu_s` (rung processes). A gate process's own load (its entry's
   `load_s`) is part of the oracle gate.
-- oracle gate: the gate entries' `gpu_s`; inside it, each oracle entry's `gpu_s` is its probe, and the rest is the
-  gate's process start, its model load and its teardown.
+- oracle gate: the gate entries' `gpu_s`; inside it, each oracle entry's `gpu_s` is its probe, each `calibration`
+  entry's `gpu_s` an A/A calibration run (its own load and steps), and the rest is the gate's process start, its
+  oracles' model load and its teardown.
 - steps: from the end of the model load to the end of the last window, cut at each window's `elapsed_s` (the
   process clock, recorded on every window): a window's share is its `elapsed_s` minus the previous window's (the
   first window's starts where the load ends). It holds the training steps and what runs between them (the
@@ -53,7 +54,7 @@ PARTS = {
 # A derived process start may disagree with the window clock by the time between reading the clock and stamping
 # the entry (a fraction of a millisecond); more than this and the timestamps are not trusted.
 CLOCK_SLACK_S = 0.05
-COST_ENTRY_KINDS = ("run-start", "window", "gate", "oracle")
+COST_ENTRY_KINDS = ("run-start", "window", "gate", "oracle", "calibration")
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ProcessCost:
     devices: float | None = None
     load: float = 0.0
     probes: float = 0.0  # gate: the oracle probes
+    calibration: float = 0.0  # gate: the A/A calibration's runs
     steps_warmup: float = 0.0
     steps_read: float = 0.0
     start: float = 0.0
@@ -86,7 +88,8 @@ class ProcessCost:
 
     @property
     def other(self) -> float:
-        return self.start + self.teardown + (self.total - self.load - self.probes if self.kind == "gate" else 0.0)
+        gate_rest = self.total - self.load - self.probes - self.calibration if self.kind == "gate" else 0.0
+        return self.start + self.teardown + gate_rest
 
     def parts(self) -> dict[str, float]:
         if self.kind == "gate":
@@ -111,10 +114,13 @@ def _utc(ts: str) -> float:
 def _gates(entries: list) -> list[ProcessCost]:
     """Gate processes: each gate entry, with the probe time of the oracle entries it lists."""
     probe_s: dict[str, float] = {}
+    calibration_s: dict[str, float] = {}
     gates = []
     for entry in entries:
         if entry.kind == "oracle" and not entry.data.get("external") and "gpu_s" in entry.data:
             probe_s[entry.data["oracle"]] = float(entry.data["gpu_s"])
+        elif entry.kind == "calibration" and entry.ref:
+            calibration_s[entry.ref] = float(entry.data["gpu_s"])
         elif entry.kind == "gate":
             data = entry.data
             total, wall = float(data.get("gpu_s", 0.0)), data.get("wall_s")
@@ -131,6 +137,7 @@ def _gates(entries: list) -> list[ProcessCost]:
                 oracles=oracles,
             )
             gate.probes = sum(probe_s.get(o, 0.0) for o in oracles)
+            gate.calibration = sum(calibration_s.get(ref, 0.0) for ref in data.get("calibration", []))
             if "load_s" in data and devices is not None:
                 gate.load = float(data["load_s"]) * devices
             else:

@@ -154,6 +154,18 @@ class Noise(Strict):
             )
         return value
 
+    @field_validator("windows")
+    @classmethod
+    def _enough_for_an_estimate(cls, value: int) -> int:
+        from prereg.sensitivity import MIN_RUN_WINDOWS  # here: prereg.sensitivity imports this module
+
+        if 0 < value < MIN_RUN_WINDOWS:
+            raise ValueError(
+                f"windows = {value}: a run's noise is estimated from at least {MIN_RUN_WINDOWS} read windows (its "
+                f"lag-1 autocorrelation's bias correction divides by N - 3); N must be >= {MIN_RUN_WINDOWS}"
+            )
+        return value
+
 
 class Protocol(Strict):
     kind: Literal["compare", "until_pass"] = "compare"

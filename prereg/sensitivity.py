@@ -230,6 +230,7 @@ class WindowSeries:
 @dataclass(frozen=True)
 class NoNoise:
     reason: str
+    measured_by: NoiseSource | None = None  # the source that will measure it (the A/A calibration at run)
 
 
 @dataclass(frozen=True)
@@ -326,12 +327,31 @@ def _config_key(config: Mapping[str, Any]) -> str:
     return repr(sorted(config.items()))
 
 
+def run_config(reg: Registration, rung: str) -> dict[str, Any]:
+    """The rung's effective config as its run-start records it: every key, the defaults it resolved with included
+    (two documents that leave a key unset but were frozen with different defaults ran different configs)."""
+    return reg.effective_config(rung).model_dump(mode="json")
+
+
+def rungs_like_baseline(reg: Registration) -> list[str]:
+    """The rungs that run the baseline rung's effective config: an A/A calibration of the baseline stands for them."""
+    baseline = run_config(reg, baseline_rung(reg))
+    return [r.id for r in reg.protocol.rungs if run_config(reg, r.id) == baseline]
+
+
 def prior_windows(
-    states: Iterable[RegistrationState], *, workload: str, profile: str, log_every: int, config: Mapping[str, Any]
+    states: Iterable[RegistrationState],
+    *,
+    workload: str,
+    profile: str,
+    log_every: int,
+    config: Mapping[str, Any],
+    table: Mapping[str, Any] | None = None,
 ) -> dict[str, list[WindowSeries]]:
-    """metric -> the kept windows of every finished run of that workload, profile and window length whose rung ran
-    with exactly this effective config. Window length counts: a window's noise depends on the steps it averages."""
-    metrics = get_workload(workload).metrics
+    """metric -> the kept windows of every finished run of that workload (for a workload its document declares, the
+    same table: the same script and metrics), profile and window length whose rung ran with exactly this effective
+    config (`run_config`). Window length counts: a window's noise depends on the steps it averages."""
+    metrics = get_workload(workload, table).metrics
     found: dict[str, list[WindowSeries]] = {}
     for state in states:
         versions: dict[int, Registration] = {}
@@ -342,9 +362,10 @@ def prior_windows(
                 versions[run.version] = state.registration_at(run.version)
             reg = versions[run.version]
             rung = run.rung.removesuffix("'")  # a primed re-run (C') runs C's config
-            if (reg.workload, reg.profile, reg.protocol.log_every) != (workload, profile, log_every):
+            ran = (reg.workload, reg.command, reg.profile, reg.protocol.log_every)
+            if ran != (workload, table, profile, log_every):
                 continue
-            if reg.rung_config(rung) != dict(config):
+            if run_config(reg, rung) != config:
                 continue
             values: dict[str, list[float]] = {}
             for window in run.windows:
@@ -367,11 +388,16 @@ def ledger_noise(reg: Registration, states: Iterable[RegistrationState]) -> dict
     table: dict[Pair, MetricNoise | NoNoise] = {}
     by_config: dict[str, dict[str, list[WindowSeries]]] = {}
     for rung in reg.protocol.rungs:
-        config = reg.rung_config(rung.id)
+        config = run_config(reg, rung.id)
         key = _config_key(config)
         if key not in by_config:
             by_config[key] = prior_windows(
-                states, workload=reg.workload, profile=reg.profile, log_every=reg.protocol.log_every, config=config
+                states,
+                workload=reg.workload,
+                profile=reg.profile,
+                log_every=reg.protocol.log_every,
+                config=config,
+                table=reg.command,
             )
         for metric in _median_metrics(reg):
             series = by_config[key].get(metric)
@@ -379,7 +405,8 @@ def ledger_noise(reg: Registration, states: Iterable[RegistrationState]) -> dict
                 MetricNoise.from_series(series, "ledger")
                 if series
                 else NoNoise(
-                    f"no earlier finished run of {reg.workload} on {reg.profile} with log_every = "
+                    f"no earlier finished run of {reg.workload}{' (this [command] table)' if reg.command else ''} on "
+                    f"{reg.profile} with log_every = "
                     f"{reg.protocol.log_every} and rung {rung.id}'s config has {metric} windows"
                 )
             )
@@ -394,8 +421,7 @@ def noise_from_ledger(ledger: Ledger, reg: Registration) -> dict[Pair, MetricNoi
 def aa_noise(reg: Registration, series: Mapping[str, Sequence[WindowSeries]]) -> dict[Pair, MetricNoise | NoNoise]:
     """The A/A calibration: the baseline's windows, twice. They stand for every rung that runs the baseline's
     effective config (the items a rung adds are what the ladder measures, not its noise)."""
-    baseline = baseline_rung(reg)
-    rungs = [r.id for r in reg.protocol.rungs if reg.rung_config(r.id) == reg.rung_config(baseline)]
+    rungs = rungs_like_baseline(reg)
     return {
         (rung, metric): MetricNoise.from_series(windows, "aa") for metric, windows in series.items() for rung in rungs
     }
@@ -559,6 +585,10 @@ def _assess_bar(
 ) -> Sensitivity:
     known = {pair: found for pair in pairs if isinstance(found := noise.get(pair), MetricNoise)}
     noisiest = max(known.values(), key=lambda found: found.cv, default=None)
+    # A summary whose noise is still to be measured leaves the row waiting on that source, whatever else is known.
+    awaited = next(
+        (n.measured_by for p in sorted(pairs) if isinstance(n := noise.get(p), NoNoise) and n.measured_by), None
+    )
     marks = tuple(
         f"{rung}.{metric}: its noise includes {found.external_runs} recorded (external) run(s)"
         for (rung, metric), found in sorted(known.items())
@@ -568,8 +598,8 @@ def _assess_bar(
         read=bar.read,
         rule=bar.label,
         bar=bar.bar,
-        noise_cv=noisiest.cv if noisiest else None,
-        noise_source=noisiest.source if noisiest else "none",
+        noise_cv=noisiest.cv if noisiest and not awaited else None,
+        noise_source=awaited or (noisiest.source if noisiest else "none"),
         windows_per_rung=planned_windows(reg.protocol),
         se=None,
         mde=None,

@@ -23,7 +23,7 @@ from prereg.ledger import Ledger
 from prereg.plan import PlannedRung, plan_ladder, primed
 from prereg.rules import Expr, Scope, Undefined, compile_expr
 from prereg.schema import ConditionalLand, Registration
-from prereg.sensitivity import decision_bars, robustness
+from prereg.sensitivity import Bar, decision_bars, robustness
 from prereg.state import RegistrationState, RungRun, load_state, summarize
 
 BOOTSTRAP_RESAMPLES = 1000
@@ -328,7 +328,22 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class VerdictDetail:
+    """The verdict, and what its intervals and robustness were taken over (for the report's plots; never
+    recorded: the draws are a fixed-seed function of the same windows)."""
+
+    verdict: dict[str, Any]
+    bars: tuple[Bar, ...]  # the bars the decision rests on (decision_bars)
+    compared: dict[str, Any]  # read -> the value its bar compares
+    draws: dict[str, list[float]]  # read -> its finite bootstrap draws
+
+
 def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
+    return verdict_detail(ledger, reg_id).verdict
+
+
+def verdict_detail(ledger: Ledger, reg_id: str) -> VerdictDetail:
     state = load_state(ledger, reg_id)
     reg = state.registration()
     views = rung_views(reg, state)
@@ -458,7 +473,7 @@ def compute_verdict(ledger: Ledger, reg_id: str) -> dict[str, Any]:
         "post_hoc": state.post_hoc_paths(),
         "cost": cost,
     }
-    return verdict
+    return VerdictDetail(verdict, bars, compared, draws)
 
 
 # Statistics the verdict derives from the same windows after its decision, recomputed on every read: a verdict

@@ -4,6 +4,7 @@ detectable effect and windows needed, the noise found in the ledger, and the ver
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 import statistics
@@ -456,3 +457,24 @@ def test_earlier_windows_of_the_same_config_are_the_noise_and_recorded_ones_are_
     assert combined[("B", "s_per_step")].source == "aa" and combined[("A", "tokens_per_s")].reason
     (row,) = assess(planned, combined).rows
     assert row.noise_source == "aa"
+
+
+def test_earlier_windows_match_by_the_effective_config_not_the_keys_a_document_set(cli: Cli, tmp_path: Path) -> None:
+    """Two documents that set the same keys but resolved an unset one with different defaults ran different
+    configs: the earlier windows are not this ladder's noise. The same earlier windows under the same defaults are."""
+    series = {"A": windows(random.Random(7), 1.0), "B": windows(random.Random(8), 0.95)}
+    earlier = document([{"id": "R", "when": "gain >= 0.05", "outcome": "land"}], {"gain": GAIN["gain"]})
+    earlier["id"] = "earlier"
+    cli.ok("freeze", write(tmp_path, "earlier.toml", toml_of(earlier)))
+    cli.ok("record", "earlier", record_file(tmp_path, "r.toml", *record_windows(series)))
+    with Ledger.open(str(cli.ledger), create=False) as ledger:
+        (state,) = [load_state(ledger, reg_id) for reg_id in ledger.reg_ids()]
+    planned = Registration.model_validate(document([{"id": "R", "when": "gain >= 0.05", "outcome": "x"}], GAIN))
+    assert "grad_clip" not in planned.rung_config("A")
+    assert isinstance(ledger_noise(planned, [state])[("A", "s_per_step")], MetricNoise)
+
+    other_defaults = {**state.config_defaults, "grad_clip": planned.effective_config("A").grad_clip / 2}
+    elsewhere = dataclasses.replace(state, config_defaults=other_defaults)
+    assert elsewhere.registration().rung_config("A") == planned.rung_config("A")  # the same keys set
+    found = ledger_noise(planned, [elsewhere])[("A", "s_per_step")]
+    assert not isinstance(found, MetricNoise) and "rung A's config" in found.reason

@@ -47,7 +47,7 @@ def test_every_verb_of_design_md_exists_and_takes_ledger_and_json():
     current = surface(typer.main.get_command(app))
     verbs = set(current["commands"])
     assert {"check", "freeze", "amend", "run", "record", "verdict", "audit", "report", "adopt"} <= verbs
-    audits = {"list", "show", "verify", "costs", "calibration", "adoption", "export"}
+    audits = {"list", "show", "verify", "costs", "calibration", "sensitivity", "adoption", "export"}
     assert audits <= set(current["commands"]["audit"]["commands"])
     for name, verb in [(n, v) for n, v in current["commands"].items() if n != "audit"] + list(
         current["commands"]["audit"]["commands"].items()

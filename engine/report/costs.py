@@ -63,10 +63,11 @@ def cost_markdown(cost: dict[str, Any], image: str | None = None) -> list[str]:
     ]
     for p in cost["processes"]:
         if p["kind"] == "gate":
-            rest = p["total"] - p["load"] - p["probes"]
+            rest = p["total"] - p["load"] - p["probes"] - p["calibration"]
+            calibration = f" + A/A calibration {_s(p['calibration'])}" if p["calibration"] else ""
             lines.append(
                 f"| {p['label']} ({', '.join(p['oracles'])}) | {p['status']} | {_s(p['load'])} | {_s(p['probes'])}"
-                f" | | | {_s(rest)} (start, between probes, teardown) | | | {_s(p['total'])} |"
+                f"{calibration} | | | {_s(rest)} (start, between probes, teardown) | | | {_s(p['total'])} |"
             )
         elif p["kind"] == "rung":
             start = (

@@ -1,5 +1,6 @@
 """The report's plots (matplotlib, Agg): step time per rung, per-window series, the overlay oracle's two loss
-curves, and the cost split against the ceiling. Each returns whether it drew anything."""
+curves, the cost split against the ceiling, and each compared read's bootstrap distribution against its bar.
+Each returns whether it drew anything."""
 
 from __future__ import annotations
 
@@ -157,5 +158,32 @@ def plot_cost_split(costs: list[tuple[str, dict[str, Any]]], path: Path) -> bool
     ax.set_title("what the ladder cost, against the ceiling")
     fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def plot_robustness(
+    draws: dict[str, list[float]], compared: dict[str, dict[str, Any]], values: dict[str, Any], path: Path
+) -> bool:
+    """One panel per compared read with draws: the histogram of its bootstrap draws, its bar (dashed) and its
+    value (solid), titled with the share of draws across the bar (`compared`: read -> robustness entry)."""
+    shown = [read for read, entry in compared.items() if draws.get(read) and entry["flip_probability"] is not None]
+    if not shown:
+        return False
+    plt = pyplot()
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7, 2.4 * len(shown)), squeeze=False)
+    for ax, read in zip(axes[:, 0], shown):
+        entry = compared[read]
+        ax.hist(draws[read], bins=40, color=COLOURS[0], alpha=0.75)
+        ax.axvline(entry["bar"], color=COLOURS[1], linestyle="--", linewidth=1.5, label=f"bar {entry['bar']:g}")
+        if isinstance(values.get(read), (int, float)):
+            ax.axvline(values[read], color="black", linewidth=1.2, label=f"value {values[read]:.4g}")
+        fragile = " — fragile" if entry["fragile"] else ""
+        ax.set_title(f"{read}: {entry['flip_probability']:.0%} of resamples across the bar{fragile}", fontsize=9)
+        ax.set_ylabel("resamples")
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("the read's value in a bootstrap resample")
+    fig.tight_layout()
+    fig.savefig(path)
     plt.close(fig)
     return True

@@ -1,9 +1,11 @@
 """`prereg report ID`: Markdown and HTML with plots a person would rather look at than read.
 
 Plots (engine/report/plots.py): step-time distribution per rung, loss per window, each per-window plot the
-workload's metrics name (`Metric.plot`), the overlay oracle's two loss curves, and the cost split against the
+workload's metrics name (`Metric.plot`), the overlay oracle's two loss curves, the cost split against the
 ceiling (engine/report/costs.py: model load, oracle gate, steps, process start and teardown; with `--compare`,
-the same question under the other schedule beside it). Everything comes from the ledger.
+the same question under the other schedule beside it), and each compared read's bootstrap distribution against
+its bar. The sensitivity section: each bar's power before the data (prereg.power.power_before_data) and each
+compared read's flip probability after it. Everything comes from the ledger.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from engine.report.costs import compare_markdown, compare_schedules, cost_markdown
-from engine.report.plots import plot_cost_split, plot_overlay, plot_series, plot_step_times
+from engine.report.plots import plot_cost_split, plot_overlay, plot_robustness, plot_series, plot_step_times
 from prereg.audit import audit_show
 from prereg.cost import ladder_cost
 from prereg.display import cell, heading, rung_metrics
 from prereg.ledger import Ledger
+from prereg.power import every_state, power_before_data
+from prereg.sensitivity import Assessment
 from prereg.state import load_state
-from prereg.verdict import compute_verdict
+from prereg.verdict import verdict_detail
 from prereg.workload import Metric, WorkloadDeclaration
 
 
@@ -57,6 +61,7 @@ def markdown(
     images: list[tuple[str, str]],
     cost_lines: list[str] | None = None,
     compare_lines: list[str] | None = None,
+    sensitivity_lines: list[str] | None = None,
 ) -> str:
     lines = [f"# {verdict['registration']} — {show['title']}", ""]
     if verdict["post_hoc"]:
@@ -111,6 +116,7 @@ def markdown(
             f"| {e['n']}{e.get('part') or ''} | {e['claim']} | {e['confidence']}"
             f" | {e['result']}{(' — ' + e['why']) if e['why'] else ''} |"
         )
+    lines += sensitivity_lines or []
     if cost_lines is None:
         cost = verdict["cost"]
         cost_lines = [
@@ -136,7 +142,8 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
     comparison = compare_schedules(ledger, reg_id, compare) if compare else None
     out_dir.mkdir(parents=True, exist_ok=True)
     state = load_state(ledger, reg_id)
-    verdict = compute_verdict(ledger, reg_id)
+    detail = verdict_detail(ledger, reg_id)
+    verdict = detail.verdict
     show = audit_show(ledger, reg_id)
     reg = state.registration()
     workload = reg.declaration()
@@ -156,6 +163,10 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
             oracle.observed, oracle.oracle, out_dir / f"overlay_{oracle.oracle}.png"
         ):
             images.append((f"Oracle {oracle.oracle}: loss-curve overlay", f"overlay_{oracle.oracle}.png"))
+    robustness_plot = plot_robustness(detail.draws, verdict["robustness"], detail.compared, out_dir / "robustness.png")
+    if robustness_plot:
+        images.append(("Each compared read's bootstrap distribution against its bar", "robustness.png"))
+    before = power_before_data(ledger, state, every_state(ledger))
     written = [out_dir / "cost.png"] if plot_cost_split([(reg_id, cost)], out_dir / "cost.png") else []
     cost_lines = cost_markdown(cost, "cost.png" if written else None)
     compare_lines = None
@@ -169,7 +180,7 @@ def write_report(ledger: Ledger, reg_id: str, out_dir: Path, compare: str | None
         (out_dir / "compare.json").write_text(json.dumps(comparison, indent=1, default=str), encoding="utf-8")
         written.append(out_dir / "compare.json")
     compare_lines = (compare_lines or []) + memory_lines(state, workload.activation_frames)
-    text = markdown(verdict, show, workload, images, cost_lines, compare_lines)
+    text = markdown(verdict, show, workload, images, cost_lines, compare_lines, sensitivity_markdown(before, verdict))
     (out_dir / "report.md").write_text(text, encoding="utf-8")
     page = _html(text)
     (out_dir / "report.html").write_text(page, encoding="utf-8")
@@ -192,6 +203,37 @@ def assumed_lines(show: dict[str, Any]) -> list[str]:
         lines.append(f"| `{a['path']}` | `{json.dumps(a['value'])}` | {a['reason']} |")
     other = f"the source's ({source})" if source else "the author's"
     return lines + ["", f"Every other value is {other}.", ""]
+
+
+def sensitivity_markdown(before: Assessment, verdict: dict[str, Any]) -> list[str]:
+    """Each bar's power before the data, then each compared read's robustness after it."""
+    lines = ["", "## Sensitivity", ""]
+    if not before.rows:
+        return lines + ["No rule compares a read with a constant.", ""]
+    windows = before.rows[0].windows_per_rung
+    lines += [
+        f"Before the data, at {windows} read windows per rung (MDE: two-sided 5%, power 80%):",
+        "",
+        "| read | rule | bar | noise CV | noise from | SE | MDE | windows needed | powered |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in before.rows:
+        powered = {True: "yes", False: "**no**", None: "—"}[row.powered]
+        lines.append(
+            f"| {row.read} | {row.rule} | {row.bar:g} | {_fmt(row.noise_cv)} | {row.noise_source} | {_fmt(row.se)}"
+            f" | {_fmt(row.mde)} | {_fmt(row.windows_needed)} | {powered} |"
+        )
+    notes: dict[tuple[str, str], list[str]] = {}
+    for note in before.notes_json():
+        notes.setdefault((note["read"], note["note"]), []).append(note["rule"])
+    lines += [""] + [f"- {read} ({', '.join(rules)}): {note}" for (read, note), rules in notes.items()]
+    lines += ["", "After the data: the share of bootstrap resamples on the other side of each compared read's bar.", ""]
+    lines += ["| read | bar | value | flip probability | fragile |", "|---|---|---|---|---|"]
+    for read, entry in verdict["robustness"].items():
+        fragile = {True: "**fragile**", False: "no", None: "—"}[entry["fragile"]]
+        value = verdict["reads"].get(read)
+        lines.append(f"| {read} | {entry['bar']:g} | {_fmt(value)} | {_fmt(entry['flip_probability'])} | {fragile} |")
+    return lines + [""]
 
 
 def declared_plots(workload: WorkloadDeclaration) -> dict[str, list[Metric]]:

@@ -35,12 +35,12 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def open_backend(url: str, *, create: bool) -> Backend:
+def open_backend(url: str, *, create: bool, read_only: bool = False) -> Backend:
     # Imported here: each backend pulls in its own driver, and a SQLite user never needs psycopg.
     if url.startswith(POSTGRES_PREFIXES):
         from prereg.ledger.postgres_backend import PostgresBackend
 
-        return PostgresBackend(url)
+        return PostgresBackend(url, read_only=read_only)
     if url.startswith(SQLITE_PREFIX):
         path = url[len(SQLITE_PREFIX) :]
     elif "://" in url:
@@ -51,4 +51,4 @@ def open_backend(url: str, *, create: bool) -> Backend:
         raise InvalidInput(f"ledger URL {url!r} names no file", fix=f"give {URL_FORMS}")
     from prereg.ledger.sqlite_backend import SqliteBackend
 
-    return SqliteBackend(Path(path), create=create)
+    return SqliteBackend(Path(path), create=create, read_only=read_only)

@@ -38,13 +38,17 @@ _GUARDS = [_GUARD_FUNCTION] + [
 
 
 class PostgresBackend:
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, read_only: bool = False):
         driver_url = "postgresql+psycopg://" + url.split("://", 1)[1]
+        # A reader's session refuses every write at the server (default_transaction_read_only).
+        connect_args = {"options": "-c default_transaction_read_only=on"} if read_only else {}
         # READ COMMITTED, explicitly, whatever the server's (or role's, or database's) default_transaction_isolation:
         # an append reads the head in a statement after the lock statement, so it sees the last writer's commit.
         # Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot is taken by the lock statement itself,
         # before it waits, and concurrent appends would fail on a stale head. Reads ask for REPEATABLE READ below.
-        self.engine = create_engine(driver_url, pool_pre_ping=True, isolation_level="READ COMMITTED")
+        self.engine = create_engine(
+            driver_url, pool_pre_ping=True, isolation_level="READ COMMITTED", connect_args=connect_args
+        )
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

@@ -35,13 +35,14 @@ _GUARDS = [
 
 
 class SqliteBackend:
-    def __init__(self, path: Path, *, create: bool):
+    def __init__(self, path: Path, *, create: bool, read_only: bool = False):
         if not path.exists():
             if not create:
                 raise InvalidInput("no ledger file here", where=str(path), fix="check the path, or create it")
             if not path.parent.is_dir():
                 raise InvalidInput("the ledger's directory does not exist", where=str(path.parent))
         self.path = path
+        self.read_only = read_only
         self.engine = create_engine(f"sqlite:///{path}", creator=self._connect)
         # SQLAlchemy's documented recipe for pysqlite: the driver is in autocommit mode (isolation_level None)
         # and the transaction is begun here, so appends can say BEGIN IMMEDIATE: the write lock is taken
@@ -50,6 +51,11 @@ class SqliteBackend:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        if self.read_only:
+            # SQLite itself refuses every change on this connection; unlike a mode=ro open it still removes its
+            # write-ahead log and shared-memory index on close, so a reader leaves the ledger's folder as it was.
+            conn.execute("PRAGMA query_only=ON")
+            return conn
         conn.execute("PRAGMA journal_mode=WAL")  # persistent; a no-op once the file is in WAL mode
         conn.execute("PRAGMA synchronous=FULL")  # per connection: a commit is on disk when append returns
         return conn

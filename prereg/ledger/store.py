@@ -52,13 +52,16 @@ class Ledger:
         self.name = name
 
     @classmethod
-    def open(cls, url: str, *, create: bool = True, name: str = "prereg") -> Ledger:
+    def open(cls, url: str, *, create: bool = True, name: str = "prereg", read_only: bool = False) -> Ledger:
         """Open the ledger at `url` (a path, sqlite:///PATH or postgresql://...).
 
         `name` is used only when the ledger is created here (it seeds the genesis head); an existing
-        ledger keeps the name it was created with.
+        ledger keeps the name it was created with. `read_only`: the database refuses every write on this
+        ledger's connections (a verb that promises to write nothing); it cannot create one.
         """
-        backend = open_backend(url, create=create)
+        if read_only and create:
+            raise ValueError("read_only = True with create = True: a read-only ledger cannot be created")
+        backend = open_backend(url, create=create, read_only=read_only)
         try:
             stored_name = _initialize(backend, url, create=create, name=name)
         except DatabaseError as error:
