@@ -429,7 +429,8 @@ def test_a_ladder_stopped_by_its_budget_then_sigkilled_resumes_from_scratch_each
     [interrupted] = entries(ledger, "cmd-resume", "interrupted")
     assert "is gone without an end" in interrupted["reason"]
 
-    assert run_json("cmd-resume", path, ledger)["complete"]
+    resumed = run_json("cmd-resume", path, ledger)
+    assert resumed["complete"], resumed
     state, report = state_of(ledger, "cmd-resume")
     assert report.ok and [r.status for r in state.runs] == ["killed", "interrupted", "finished"]
     assert [w["step"] for w in state.runs[2].windows] == [10, 20, 30, 40]  # one whole set of windows

@@ -51,6 +51,12 @@ config = { batch = 2, backward_chunks = 2, camera_counts = [1], max_crops = 1, d
 
 [reads]
 relative = "NOWRAP.s_per_step / DDP.s_per_step"
+loss_gap = "abs(NOWRAP.loss - DDP.loss) / DDP.loss"  # the numerics guard: the two rungs reduce gradients apart
+
+[[rules]]
+id = "same-training"
+when = "loss_gap <= 0.05"
+outcome = "trains-alike"
 """
 
 

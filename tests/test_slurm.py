@@ -497,3 +497,42 @@ def test_a_jobs_exit_status_reads_as_a_processs():
     assert exit_status(JobState("FAILED", "1:0")) == 1
     assert exit_status(JobState("FAILED", "0:9")) == -9
     assert exit_status(JobState("NODE_FAIL")) == 1
+
+
+def _controller(tmp_path: Path, failures: int, stderr: str) -> Path:
+    """An `scontrol` on PATH whose first `failures` calls fail as a busy or a forgetting controller would, then
+    answer as a running job's does."""
+    counter = tmp_path / "calls"
+    script = tmp_path / "bin" / "scontrol"
+    script.parent.mkdir()
+    script.write_text(
+        textwrap.dedent(f"""\
+            #!/usr/bin/env bash
+            n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}
+            if [ $n -le {failures} ]; then echo "{stderr}" >&2; exit 1; fi
+            echo "JobId=$4 JobState=RUNNING ExitCode=0:0 NodeList=here Reason=None"
+        """)
+    )
+    script.chmod(0o755)
+    return script.parent
+
+
+def test_a_busy_controller_is_asked_again_and_never_read_as_a_forgotten_job(tmp_path, monkeypatch):
+    import engine.launch.slurm as slurm
+
+    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
+    monkeypatch.setenv(
+        "PATH", f"{_controller(tmp_path, 2, 'slurm_load_jobs error: Socket timed out')}:{os.environ['PATH']}"
+    )
+    assert slurm.job_state("41").state == "RUNNING"  # a timed-out query is not a job Slurm no longer knows
+
+
+def test_a_controller_that_never_answers_stops_the_ladder_rather_than_re_run_a_rung(tmp_path, monkeypatch):
+    import engine.launch.slurm as slurm
+
+    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
+    monkeypatch.setenv(
+        "PATH", f"{_controller(tmp_path, 99, 'slurm_load_jobs error: Socket timed out')}:{os.environ['PATH']}"
+    )
+    with pytest.raises(RuntimeError, match="failed 5 times: slurm_load_jobs error: Socket timed out"):
+        slurm.job_state("41")

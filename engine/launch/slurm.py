@@ -85,8 +85,26 @@ def _run(words: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(words, capture_output=True, text=True, timeout=60)
 
 
+# scontrol's words for a job the controller no longer holds; any other failure is the controller not answering.
+FORGOTTEN_JOB = "Invalid job id"
+CONTROLLER_RETRIES = 5  # a busy controller times out a query; asking again is cheap, deciding wrongly re-runs a rung
+
+
+def show_job(job_id: str) -> subprocess.CompletedProcess:
+    """`scontrol show job`, asked again while the controller does not answer: only a job the controller says it no
+    longer holds may be looked up elsewhere (or be unknown, and so be re-run)."""
+    for attempt in range(CONTROLLER_RETRIES):
+        shown = _run(["scontrol", "show", "job", "-o", job_id])
+        if shown.returncode == 0 or FORGOTTEN_JOB in shown.stderr:
+            return shown
+        time.sleep(1.0 + attempt)
+    raise RuntimeError(
+        f"scontrol show job {job_id} failed {CONTROLLER_RETRIES} times: {shown.stderr.strip() or shown.stdout.strip()}"
+    )
+
+
 def job_state(job_id: str) -> JobState:
-    shown = _run(["scontrol", "show", "job", "-o", job_id])
+    shown = show_job(job_id)
     if shown.returncode == 0 and shown.stdout.strip():
         fields = dict(SCONTROL_FIELD.findall(shown.stdout))
         return JobState(
