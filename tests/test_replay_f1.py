@@ -156,7 +156,7 @@ def test_the_same_rung7_measured_after_rung8s_amendment_passes_under_it(tmp_path
 
 
 # The corrections against the lab's write-up (bench/results/encodings.sh): the encoder's values marked, the
-# declaration times as the write-up gives them, and the device time the record omitted (rung 8, the forensics runs).
+# declaration times as the write-up gives them, and the GPU time the record omitted (rung 8, the forensics runs).
 CORRECTIONS = REPO / "bench" / "results" / "encodings"
 WHOLE_COST = [
     ("amend", CORRECTIONS / "f1-assumed.toml"),
