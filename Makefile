@@ -37,8 +37,8 @@ test: venv
 	url=$$(bash tests/postgres_server.sh) && \
 	partition=$$(bash tests/slurm_cluster.sh) && \
 	export PREREG_TEST_POSTGRES_URL="$$url" PREREG_TEST_SLURM_PARTITION="$$partition" && \
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slurm" tests && \
-	$(BIN)/python -m pytest -m slurm tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slurm and not alone" tests && \
+	$(BIN)/python -m pytest -m "slurm or alone" tests
 
 demo: venv
 	PREREG_DEMO=1 $(BIN)/python -m engine.demo
