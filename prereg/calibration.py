@@ -16,7 +16,6 @@ warm-up or steps differ from the current document's are not read, and the gate r
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from typing import Any
 from prereg.canonical import decode_nonfinite
 from prereg.ledger import Ledger
 from prereg.plan import plan_ladder
-from prereg.rules.values import is_number
 from prereg.schema import Protocol, Registration
 from prereg.sensitivity import (
     NoiseTable,
@@ -35,6 +33,7 @@ from prereg.sensitivity import (
     baseline_rung,
     noise_from_ledger,
     preferring,
+    read_window_values,
 )
 
 CALIBRATION_KIND = "calibration"
@@ -118,14 +117,7 @@ def calibration_series(reg: Registration, runs: Sequence[CalibrationRun]) -> dic
     metrics = reg.declaration().metrics
     found: dict[str, list[WindowSeries]] = {}
     for run in runs:
-        values: dict[str, list[float]] = {}
-        for window in run.windows:
-            if window.get("step", 0) <= reg.protocol.discard_first:
-                continue
-            for name, value in window.items():
-                if name in metrics and is_number(value) and math.isfinite(value):
-                    values.setdefault(name, []).append(float(value))
-        for name, series in values.items():
+        for name, series in read_window_values(run.windows, metrics, reg.protocol.discard_first).items():
             found.setdefault(name, []).append(WindowSeries(tuple(series), f"{reg.id}/A-A {run.run}", False))
     return found
 

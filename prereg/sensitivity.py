@@ -367,14 +367,7 @@ def prior_windows(
                 continue
             if run_config(reg, rung) != config:
                 continue
-            values: dict[str, list[float]] = {}
-            for window in run.windows:
-                if window.get("step", 0) <= reg.protocol.discard_first:
-                    continue
-                for name, value in window.items():
-                    if name in metrics and is_number(value) and math.isfinite(value):
-                        values.setdefault(name, []).append(float(value))
-            for name, series in values.items():
+            for name, series in read_window_values(run.windows, metrics, reg.protocol.discard_first).items():
                 found.setdefault(name, []).append(
                     WindowSeries(tuple(series), f"{state.reg_id}/{run.run_id}", run.external)
                 )
@@ -681,3 +674,15 @@ def robustness(
         ):
             shown[bar.read] = entry
     return shown
+
+
+def read_window_values(windows, metrics, discard_first: int) -> dict[str, list[float]]:
+    """metric -> its finite values over a run's read windows (those after the discarded warm-up), in order."""
+    values: dict[str, list[float]] = {}
+    for window in windows:
+        if window.get("step", 0) <= discard_first:
+            continue
+        for name, value in window.items():
+            if name in metrics and is_number(value) and math.isfinite(value):
+                values.setdefault(name, []).append(float(value))
+    return values
