@@ -23,6 +23,8 @@ SWITCHES = {
     "in training mode only",
     "fp8_rowwise_decoder_linears": "X6: the decoder blocks' linears on torchao's rowwise float8 recipe (a scale per "
     "row), training mode only; at most one of X5 and X6",
+    "optimizer_overlaps_vision": "X7: the optimizer step on a side stream under the next step's frozen-ViT forward "
+    "(the same update, bitwise; CUDA, one process)",
 }
 
 _TOL = frozenset({"tolerance"})

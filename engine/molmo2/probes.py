@@ -57,6 +57,11 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
             f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
             f"{runner.profile.name} trains on the CPU with the unfused AdamW, which has no grad_scale"
         )
+    if switch == "optimizer_overlaps_vision" and runner.device.type != "cuda":
+        return (
+            f"X7 overlaps the optimizer with the next step on a second CUDA stream; profile {runner.profile.name} "
+            "trains on the CPU, which has one timeline"
+        )
     return None
 
 
@@ -81,6 +86,7 @@ def one_step(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> dic
     for switches in (runner.baseline, _switches(runner, switch)):
         trainer = runner.fresh(switches)
         loss, grad_norm = trainer.step(runner.probe_step)
+        trainer.settle()
         digests = _grad_digests(runner.model)
         results.append((float(loss), float(grad_norm), digests))
     (la, ga, da), (lb, gb, db) = results
@@ -120,6 +126,7 @@ def loss_curve(runner: "Molmo2Runner", switch: str, oracle: dict[str, Any]) -> d
     for switches in (runner.baseline, _switches(runner, switch)):
         trainer = runner.fresh(switches)
         curves.append([float(trainer.step(step)[0]) for step in runner.steps_for(steps)])
+        trainer.settle()
     a, b = curves
     finite = all(math.isfinite(v) for v in a + b)
     band = max(abs(a[i] - a[i - 1]) for i in range(1, len(a))) if len(a) > 1 else 0.0

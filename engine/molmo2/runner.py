@@ -304,6 +304,8 @@ class Molmo2Runner:
     # ---- probes ----
     def fresh(self, switches: Switches) -> Trainer:
         """The initial weights again, the given switches, a new optimizer: every probe arm starts alike."""
+        if self.trainer is not None:
+            self.trainer.settle()  # the weights are reloaded below: no update may still be writing them
         if self._initial is None:
             self._initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(self._initial)

@@ -41,6 +41,10 @@ class Switches:
     # X6: the same linears on torchao's rowwise float8 recipe (one scale per row, e4m3 throughout, power-of-two
     # scales): finer scaling than X5's one scale per tensor. At most one of X5 and X6 is on.
     fp8_rowwise_decoder_linears: bool = False
+    # X7: the optimizer step (clip and AdamW) on a side stream, under the next step's frozen-ViT forward, which reads
+    # no trainable weight; the next step's first trainable read waits for it. The same kernels on the same inputs:
+    # bitwise the baseline's update, only its place on the device's timeline moves. CUDA and one process only.
+    optimizer_overlaps_vision: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8_decoder_linears and self.fp8_rowwise_decoder_linears:

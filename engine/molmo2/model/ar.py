@@ -62,6 +62,7 @@ def encode_prefix(model: Molmo2Model, prefix: PrefixInputs, packing: Packing | N
         state_rows=prefix.state_rows,
         last_logits=False,
         packing=packing,
+        image_features=prefix.image_features,
     )
     return cache
 

@@ -38,6 +38,8 @@ class PrefixInputs:
     state_positions: torch.Tensor  # [B] long: index of the state slot token in each row
     state_rows: torch.Tensor | None = None  # [B] long: the row of each state slot; None: sample b's is row b
     # (a packed chunk, packing.py, holds every sample in row 0)
+    image_features: torch.Tensor | None = None  # the frozen tower's output for pixel_values when computed ahead
+    # of the embedding (X7 runs the tower before the previous step's update lands); None: computed there
 
     @property
     def batch_size(self) -> int:

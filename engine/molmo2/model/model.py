@@ -236,8 +236,12 @@ class Molmo2Model(nn.Module):
         state: torch.Tensor | None = None,
         state_positions: torch.Tensor | None = None,
         state_rows: torch.Tensor | None = None,
+        image_features: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        features = None if pixel_values is None else self.image_features(pixel_values, image_token_pooling)
+        """With `image_features` (the tower's output for `pixel_values`, computed ahead), the tower does not run."""
+        features = image_features
+        if features is None and pixel_values is not None:
+            features = self.image_features(pixel_values, image_token_pooling)
         return self.embed(input_ids, features, state, state_positions, state_rows)
 
     def forward(
@@ -273,13 +277,15 @@ class Molmo2Model(nn.Module):
         state_rows: torch.Tensor | None = None,
         last_logits: bool = True,
         packing: Packing | None = None,
+        image_features: torch.Tensor | None = None,
     ) -> tuple[KVCache, torch.Tensor | None]:
         """Encodes a LEFT-padded prompt once and keeps its K/V. With `last_logits`, also returns the logits at
         the last column ([B, logits_width]), the next-token scores of every row; without, the last layer only
         computes its K/V. With `packing` (packing.py: a packed training chunk, one row of every sample's prompt),
         positions and attention keep to each sample; its cache serves `extend` with the same packing only."""
         x = self.embed_multimodal(input_ids, pixel_values=pixel_values, image_token_pooling=image_token_pooling,
-                                  state=state, state_positions=state_positions, state_rows=state_rows)  # fmt: skip
+                                  state=state, state_positions=state_positions, state_rows=state_rows,
+                                  image_features=image_features)  # fmt: skip
         positions, mask = self._prefix_attention(attention_mask, mm_token_type_ids, packing)
         with backends_context(BASELINE_BACKENDS):
             hidden, layers = self.decoder(x, positions, mask, last_layer_kv_only=not last_logits)
@@ -307,7 +313,8 @@ class Molmo2Model(nn.Module):
         split as in prefill (the prefix's outputs are never read: only its K/V) and extend (the suffix on them)."""
         x = torch.cat([self.embed_multimodal(prefix.input_ids, pixel_values=prefix.pixel_values,
                                              image_token_pooling=prefix.image_token_pooling, state=prefix.state,
-                                             state_positions=prefix.state_positions, state_rows=prefix.state_rows),
+                                             state_positions=prefix.state_positions, state_rows=prefix.state_rows,
+                                             image_features=prefix.image_features),
                        self.embed(suffix_ids)], dim=1)  # fmt: skip
         joined, types = packing.joined(prefix.mm_token_type_ids)
         positions, mask = self._prefix_attention(None, types, joined)

@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
@@ -154,6 +154,30 @@ class Trainer:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.steps_done = 0
         self.memory = MemoryMeter(device)
+        # X7: the stream the optimizer step runs on (made at its first use), and the event of the update in flight
+        # (None: none is). Read the switch at each step: an interleaved ladder turns it on and off in one process.
+        self._update_stream: torch.cuda.Stream | None = None
+        self.update_in_flight: torch.cuda.Event | None = None
+
+    def _overlapping(self) -> bool:
+        if not self.model.switches.optimizer_overlaps_vision:
+            return False
+        if self.device.type != "cuda" or type(self.sync) is not GradientSync:
+            raise ValueError(
+                "optimizer_overlaps_vision (X7) runs the optimizer on a second CUDA stream of one process; this "
+                f"run trains on {self.device.type} with {self.sync.world_size} rank(s): use it on a CUDA profile "
+                "with one rank"
+            )
+        if self._update_stream is None:
+            self._update_stream = torch.cuda.Stream(self.device)
+        return True
+
+    def settle(self) -> None:
+        """Orders the device's current stream after the update in flight (X7): whatever runs next on it (a read of
+        the weights, the gradient norm, the next step's trainable layers) sees the updated weights."""
+        if self.update_in_flight is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.update_in_flight)
+            self.update_in_flight = None
 
     def _set_lr(self) -> None:
         scale = min(1.0, (self.steps_done + 1) / self.config.warmup) if self.config.warmup else 1.0
@@ -163,14 +187,24 @@ class Trainer:
     def accumulate_gradients(self, step: Step) -> torch.Tensor:
         """Forward and backward over the step's chunks; the gradients sum to those of the step's mean loss."""
         self.model.train()
+        chunks = list(step.chunks)
+        if self.update_in_flight is not None:
+            # X7: the frozen tower reads no weight the update writes, so the first chunk's images go through it while
+            # the update runs; everything after waits for the update.
+            with autocast(self.device):
+                features = self.model.image_features(chunks[0].prefix.pixel_values,
+                                                     chunks[0].prefix.image_token_pooling)  # fmt: skip
+            chunks[0] = replace(chunks[0], prefix=replace(chunks[0].prefix, image_features=features))
+            self.settle()
+        # After settle: the update read these gradients, and their memory returns to this stream's pool.
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros(
             (),
             device=self.device,
             dtype=torch.float64 if self.model.lm_head.weight.dtype == torch.float64 else torch.float32,
         )
-        last = len(step.chunks) - 1
-        for index, chunk in enumerate(step.chunks):
+        last = len(chunks) - 1
+        for index, chunk in enumerate(chunks):
             with self.sync.chunk_context(index == last):
                 with autocast(self.device):
                     logits = self.sync.forward(self.model, chunk)
@@ -183,7 +217,18 @@ class Trainer:
 
     def update(self) -> torch.Tensor:
         """The optimizer step from the gradients in place: this step's warm-up learning rate, clipping, AdamW.
-        Returns the pre-clip gradient norm."""
+        Returns the pre-clip gradient norm. With X7 the update is only enqueued, on its own stream after the
+        backward: the norm and the weights are the current stream's to read after `settle`."""
+        if not self._overlapping():
+            return self._update()
+        self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._update_stream):
+            grad_norm = self._update()
+            self.update_in_flight = torch.cuda.Event()
+            self.update_in_flight.record(self._update_stream)
+        return grad_norm
+
+    def _update(self) -> torch.Tensor:
         self._set_lr()
         if self.model.switches.clip_in_adamw:
             grad_norm = self._clip_in_adamw()
@@ -209,6 +254,15 @@ class Trainer:
         self.optimizer.grad_scale = 1.0 / coefficient
         return norm
 
+    def _drain(self) -> None:
+        """Waits for the device to finish what the step enqueued. With X7 that is the current stream's work only:
+        the update in flight belongs under the next step's tower, so a step's seconds run from the end of the last
+        backward to the end of this one, and include the wait for the last update that the tower did not hide."""
+        if self.update_in_flight is None:
+            synchronize(self.device)
+        else:
+            torch.cuda.current_stream(self.device).synchronize()
+
     def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here). Across ranks the
         loss is this rank's share of the global mean (its chunk sums over the global token count)."""
@@ -222,16 +276,24 @@ class Trainer:
         """Run the steps (stopping early if asked between steps) and report the window (DESIGN.md "Windows")."""
         seconds, losses, norms, tokens = [], [], [], []
         for step in steps:
-            synchronize(self.device)
+            self._drain()
             start = time.perf_counter()
             loss, grad_norm = self.step(step)
-            synchronize(self.device)  # device-synchronized step time
+            self._drain()  # device-synchronized step time
             seconds.append(time.perf_counter() - start)
             losses.append(float(loss))
-            norms.append(float(grad_norm))
+            norms.append(grad_norm)
             tokens.append(step.useful_tokens)
             if should_stop():  # several ranks: a collective, so every rank stops after the same step
                 break
+        if self.update_in_flight is not None:
+            # X7: the window's last update runs past its last step; its tail is the window's, so the seconds sum to
+            # the window's wall time (and the next window's first step starts with no update to hide).
+            start = time.perf_counter()
+            self.settle()
+            synchronize(self.device)
+            seconds[-1] += time.perf_counter() - start
+        norms = [float(norm) for norm in norms]
         memory = self.memory.window_end(windowed_memory)
         # Several ranks: a step takes its slowest rank's seconds, its loss and tokens are the ranks' sums, the
         # memory fields the largest rank's. Grad norms are already equal (the gradients were reduced).
