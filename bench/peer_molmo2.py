@@ -309,6 +309,7 @@ ALL_SIX = (
 LANDED_SWITCHES = {
     **{name: ("molmo2-perf-pass1-h200", "land-bundle") for name in ALL_SIX},
     "vit_fp16_attention": ("molmo2-x2-h200", "land-x2"),
+    "optimizer_overlaps_vision": ("molmo2-overlap-h200", "land-x7"),
 }
 LANDED_CONFIG = {
     ("backward_chunks", 1): ("molmo2-fast-h200", "default-fast-path"),
@@ -364,7 +365,7 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
     ),
-    # ... with X7 (the optimizer update on a side stream under the next step's frozen-ViT forward): not landed
+    # ... with X7 (the optimizer update on a side stream under the next step's frozen-ViT forward, land-x7)
     "packed-varlen-cudnn-one-pass-x2-x7": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),

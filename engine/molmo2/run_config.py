@@ -293,6 +293,19 @@ def _clip_in_adamw_needs_the_fused_adamw(c: Molmo2RunConfig, profile: Profile) -
         )
 
 
+def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> None:
+    """X7 runs the update on a second CUDA stream of the one process that trains."""
+    if "optimizer_overlaps_vision" not in c.baseline_switches:
+        return
+    if profile.device != "cuda" or profile.world_size > 1:
+        raise ConfigConflict(
+            ("baseline_switches",),
+            "optimizer_overlaps_vision in baseline_switches runs the update on a second CUDA stream of one process; "
+            f"profile {profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it "
+            "from baseline_switches",
+        )
+
+
 CROSS_KEY_RULES = (
     _batch_splits_into_chunks,
     _packing_options_need_pack,
@@ -303,6 +316,7 @@ CROSS_KEY_RULES = (
     _compile_dynamic_needs_compile,
     _pack_multiple_needs_pack,
     _clip_in_adamw_needs_the_fused_adamw,
+    _overlap_needs_one_cuda_process,
 )
 
 # --- defaults ------------------------------------------------------------------------------------------------
@@ -353,7 +367,10 @@ LANDED = {
     "masked_loss_sums": S_BUNDLE,
     "no_embed_clone": S_BUNDLE,
     "vit_fp16_attention": "molmo2-x2-h200 (land-x2)",
+    "optimizer_overlaps_vision": "molmo2-overlap-h200 (land-x7)",
 }
+# X7 overlaps one process's update with its next step; several ranks' updates wait on their own collectives.
+ONE_PROCESS_ONLY = ("optimizer_overlaps_vision",)
 
 # The path the verdicts landed, on CUDA profiles.
 CUDA_DEFAULTS: dict[str, Any] = {
@@ -363,7 +380,7 @@ CUDA_DEFAULTS: dict[str, Any] = {
     "pack": True,  # molmo2-pack-h200 (default-pack): no compute on padding
     "pack_one_pass": True,  # molmo2-pack-one-pass-h200 (default-one-pass)
     "pack_attention": "varlen-cudnn",  # molmo2-pack-cudnn-h200 (default-varlen-cudnn), over varlen and packed
-    "baseline_switches": tuple(LANDED),  # the S-bundle (land-bundle) and X2 (land-x2)
+    "baseline_switches": tuple(LANDED),  # the S-bundle (land-bundle), X2 (land-x2), X7 (land-x7) on one process
     "fast_vocab_size": FAST_V2_VOCAB,  # the 4b geometry runs FAST tokenizer v2's whole block
 }
 
@@ -390,6 +407,8 @@ def defaults(profile: Profile) -> dict[str, Any]:
     """The defaults a new freeze on `profile` resolves with (and records)."""
     table = dict(CUDA_DEFAULTS if profile.device == "cuda" else CPU_DEFAULTS)
     table["ddp"] = profile.world_size > 1  # several processes need a gradient sync: DDP's, seed 003's recipe
+    if profile.world_size > 1:
+        table["baseline_switches"] = tuple(s for s in table["baseline_switches"] if s not in ONE_PROCESS_ONLY)
     return table
 
 
