@@ -49,6 +49,12 @@ RULE_CASES = {
         "baseline_switches",
         "needs the fused AdamW",
     ),
+    "_overlap_needs_one_cuda_process": (
+        CPU,
+        {"baseline_switches": ["optimizer_overlaps_vision"]},
+        "baseline_switches",
+        "second CUDA stream of one process",
+    ),
 }
 
 
@@ -71,6 +77,7 @@ MORE_REFUSED = [
     (CPU, {"chunk_grad_allreduce": True}, "chunk_grad_allreduce", "needs several processes"),
     (CPU_X2, {"ddp": False}, "ddp", "need a gradient sync"),
     (H200_X2, {"zero1": True, "baseline_switches": ["clip_in_adamw"]}, "baseline_switches", "zero1"),
+    (H200_X2, {"baseline_switches": ["optimizer_overlaps_vision"]}, "baseline_switches", "2 process(es)"),
     (CPU, {"suffix_attention": "flex"}, "suffix_attention", "needs CUDA"),
     (CPU, {"batch": 12, "backward_chunks": 5}, "backward_chunks", "allowed with this batch: [1, 2, 3, 4, 6, 12]"),
 ]
@@ -89,6 +96,7 @@ ALLOWED = [
     (CPU, {"pack": True, "pack_attention": "packed", "pack_one_pass": False}),
     (CPU_X2, {"ddp": False, "chunk_grad_allreduce": True, "ddp_wrapper": False, "zero1": True}),
     (H200, {"baseline_switches": ["clip_in_adamw"]}),
+    (H200, {"baseline_switches": ["optimizer_overlaps_vision"]}),
     (CPU, {"batch": 12, "backward_chunks": 4}),
 ]
 
@@ -237,6 +245,7 @@ WINNER = {
     "molmo2-pack-one-pass-h200": "B",
     "molmo2-pack-varlen-h200": "B",
     "molmo2-pack-cudnn-h200": "B",
+    "molmo2-overlap-h200": "B",
 }
 _ONE_CHUNK = "molmo2-fast-h200 (default-fast-path): one backward chunk of the whole batch"
 _SAME_STEPS = (
