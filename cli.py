@@ -221,11 +221,14 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             "config_defaults": reg.config_defaults,
             "notes": [use.note() for use in result.retired] + check_numerics_notes(result),
             "assumed": assumed_payload(result.assumed),
+            "amended": [{"path": path, "value": value} for path, value in result.amended],
             **sensitivity_payload(assessment),
         }
         if emit(as_json, payload):
             return
         print_plan(reg, frozen=result.frozen)
+        for path, value in result.amended:
+            out.print(f"[yellow]amended in the ledger[/]: {esc(path)} = {esc(json.dumps(value))} is in force")
         print_assumed(payload["assumed"], reg.source)
         print_sensitivity(assessment)
         for note in payload["notes"]:

@@ -245,6 +245,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         run_dir=run_dir,
     )
 
+    from engine.crash import crash_window
     from engine.killwatch import KillWatch
     from prereg.canonical import encode_nonfinite
 
@@ -351,6 +352,21 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     exit_status = runner.close() if runner is not None else None
     if not ranks.writer:
         return rc
+    crash_windows: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if status[run["run"]] != "failed":
+            continue
+        # A crash is the run's last window: the kill lines judge it like any other (engine/crash.py).
+        crash_windows[run["run"]] = crash_window(windows[run["run"]], rc, exit_status, ranks.world_size)
+        fired = watches[run["run"]].check([*windows[run["run"]], crash_windows[run["run"]]], final=True)
+        if fired:
+            ledger.append(
+                "kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run["run"]
+            )
+            # Killed by its line, the run is final for its items and the contingency re-plans the ladder, as for
+            # a line that fired on a measured window; the error stays beside the kill.
+            status[run["run"]] = "killed"
+            ended_by[run["run"]] = {"kill": fired["kill"], **ended_by[run["run"]]}
     wall = time.monotonic() - PROCESS_START
     devices = (
         runner.devices if runner is not None else 1
@@ -375,6 +391,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "load_start_s": round(load_start - PROCESS_START, 4),
                 },
                 "ledger_s": round(ledger_s, 6) if run["run"] == last_window_run else 0.0,
+                "crash_window": crash_windows.get(run["run"]),
                 "parallel": getattr(runner, "parallel", None),
                 "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
             },

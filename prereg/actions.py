@@ -70,6 +70,25 @@ class CheckResult:
     # The values the encoder assumed: the ledger's latest version's marks for a frozen document (amendments add them
     # without changing the frozen text), else the file's own.
     assumed: list[AssumedValue] = field(default_factory=list)
+    # A frozen document's values that amendments changed: (path, the value in force), the frozen text unchanged.
+    amended: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def amended_values(file_document: dict[str, Any], in_force: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The paths where the ledger's latest version differs from the file, with the value in force (None where an
+    amendment removed it); the encoder's marks are shown apart (assumed)."""
+    from prereg.amend import diff_paths
+    from prereg.assumed import lookup
+
+    out = []
+    for path in diff_paths(file_document, in_force):
+        if path.split(".")[0] == "assumed" or path.endswith("(order)"):
+            continue
+        try:
+            out.append((path, lookup(in_force, path)))
+        except KeyError:
+            out.append((path, None))
+    return out
 
 
 def check(ledger: Ledger | None, path: Path) -> CheckResult:
@@ -82,12 +101,14 @@ def check(ledger: Ledger | None, path: Path) -> CheckResult:
     frozen = ledger is not None and reg.id in ledger.reg_ids()
     known: set[RetiredUse] = set()
     assumed = assumed_values(document_dict(reg))
+    amended: list[tuple[str, Any]] = []
     if frozen:
         state = load_state(ledger, reg.id, with_windows=False)
         known = {use for v in state.versions for use in retired_uses(state.registration_at(v.number))}
         assumed = assumed_values(state.document)
+        amended = amended_values(document_dict(reg), state.document)
     refuse_retired([use for use in uses if use not in known], str(path))
-    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen), assumed)
+    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen), assumed, amended)
 
 
 def numerics_check(ledger: Ledger | None, reg: Registration, path: Path, frozen: bool) -> str | None:

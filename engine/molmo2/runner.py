@@ -9,6 +9,7 @@ the data pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from engine.molmo2.data.rig import RigDataset
 from engine.molmo2.model.ar import ar_greedy_decode
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
+from engine.molmo2.planted import mismatched, planted_crash
 from engine.molmo2.run_config import RUN_CONFIG, Molmo2RunConfig
 from engine.molmo2.switches import Switches
 from engine.molmo2.train.distributed import (
@@ -125,6 +127,7 @@ class Molmo2Runner:
         # The switches every rung of this config runs; a rung's items add theirs (set_switches).
         self.baseline = Switches.from_names(config.baseline_switches)
         self.switches = self.baseline
+        self.planted_crash = planted_crash(os.environ)  # (switch, step): engine/molmo2/planted.py
 
     # ---- load ----
     def load(self) -> None:
@@ -225,6 +228,12 @@ class Molmo2Runner:
     def train_window(self, steps: int, should_stop: Callable[[], bool]) -> dict[str, Any]:
         assert self.trainer is not None, "load() first"
         batch = [self.pool[(self.cursor + k) % len(self.pool)] for k in range(steps)]
+        if self.planted_crash is not None and self.planted_crash[0] in self.switches.on():
+            k = self.planted_crash[1] - self.cursor - 1
+            if 0 <= k < steps:
+                first, *rest = batch[k].chunks
+                planted = mismatched(first, self.config.image_patch_id, self.layout.end_id)
+                batch[k] = dataclasses.replace(batch[k], chunks=(planted, *rest))
         if self.memory is None:
             window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
         else:
