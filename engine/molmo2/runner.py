@@ -25,7 +25,7 @@ from engine.molmo2.data.collate import Collator, make_fast_tokenizer
 from engine.molmo2.data.fast import FastDecodeError
 from engine.molmo2.data.processor import ImageGeometry
 from engine.molmo2.data.prompt import ByteTokenizer, TokenLayout, parse_suffix
-from engine.molmo2.data.rig import RigDataset
+from engine.molmo2.data.rig import STATE_DIM, RigDataset
 from engine.molmo2.model.ar import ar_greedy_decode
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
@@ -78,6 +78,20 @@ GEOMETRIES = {
 # against 14.1% for 16, for no fewer shapes at one chunk per step (bench/results/peer_molmo2_h200-4b_pad128
 # and _pad16).
 COMPILED_PAD_MULTIPLE = (16, 16)
+
+
+def data_banner(datasets: list[RigDataset]) -> dict[str, int]:
+    """What the run trains on, counted from its own datasets at load: seed 003's E1 data gate ("878 datasets /
+    38,571 episodes / 18,636,749 frames / dims 6/6") as this workload can count it. A rig episode is one moment of
+    a pick, its frames one per camera; the dims are the robot state's and the action chunk's. Every window carries
+    it, so a kill line sees it on the first one."""
+    return {
+        "data_datasets": len(datasets),
+        "data_episodes": sum(len(d) for d in datasets),
+        "data_frames": sum(d.scene(i).n_cameras for d in datasets for i in range(len(d))),
+        "data_state_dim": STATE_DIM,
+        "data_action_dim": min(d.action_dim for d in datasets),
+    }
 
 
 class Molmo2Runner:
@@ -159,6 +173,7 @@ class Molmo2Runner:
             split="eval",
         )
         self.train_data = data
+        self.banner = data_banner([data])
         self.pool = with_global_loss_tokens(self._prepare_pool(data), self.ranks)
         self.probe_step = self.pool[0]
 
@@ -243,7 +258,7 @@ class Molmo2Runner:
             # After the first window the last step's gradients and the optimizer state are still live.
             self.memory.dump_once("first-window", *holders())
         self.cursor += window["steps"]
-        return window
+        return {**window, **self.banner}
 
     # ---- evaluation ----
     def decode(self, samples: list) -> list[list[int]]:
