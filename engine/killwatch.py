@@ -39,6 +39,9 @@ class KillEnv:
     def rung_metric(self, rung: str, metric: str) -> Any:
         return Undefined("rung summaries are not visible to kill lines")
 
+    def rows(self, rung: str, metric: str) -> Any:
+        return Undefined("recorded rows are not visible to kill lines")
+
     def oracle_passed(self, ident: str) -> Any:
         return Undefined("oracles are not visible to kill lines")
 

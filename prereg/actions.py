@@ -269,13 +269,24 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                     where=where,
                     fix="list the items the rung ran with, by the registration's item ids; nothing was written",
                 )
-        names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"}
+        names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"} | set(rung.rows)
         unknown = sorted(names - set(metrics))
         if unknown:
             raise InvalidInput(
                 f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}",
                 where=where,
                 fix="name metrics as the workload's catalogue does; nothing was written",
+            )
+        by_row = sorted(m for m in metrics if metrics[m].rows)
+        misplaced = sorted(
+            {m for m in names - set(rung.rows) if metrics[m].rows} | {m for m in rung.rows if m not in by_row}
+        )
+        if misplaced:
+            raise InvalidInput(
+                f"rungs.{rung_id}: {misplaced} recorded in the wrong place: the metrics recorded row by row "
+                f"({by_row}) go in [rungs.{rung_id}.rows.METRIC], every other one in metrics or windows",
+                where=where,
+                fix='write a per-row metric as [rungs.R.rows.METRIC] with "ROW_ID" = value lines; nothing was written',
             )
 
     # The input is valid (every exit-2 check is above); now the governance rule, exit 3.
@@ -338,6 +349,9 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
         measured = rung.model_dump(exclude_none=True)
         measured["metrics"] = encode_nonfinite(measured["metrics"])
         measured["windows"] = [encode_nonfinite(w) for w in measured["windows"]]
+        rows = measured.pop("rows")
+        if rows:  # a record without rows keeps the body records had before rows existed
+            measured["rows"] = {m: encode_nonfinite(r) for m, r in rows.items()}
         rungs[rung_id] = {**measured, "flagged": flagged}
     batch.append(
         (

@@ -69,6 +69,7 @@ class RungRun:
     # A run that crashed: the window its kill lines judged last (engine/crash.py), kept apart from `windows` so
     # that no read, rate or sensitivity takes it for a measurement.
     crash_window: dict[str, Any] | None = None
+    rows: dict[str, dict[str, float]] = field(default_factory=dict)  # a recorded rung's per-row metrics
 
 
 @dataclass
@@ -274,6 +275,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
                     flagged=rung.get("flagged"),
                     provenance=data["provenance"],
                     n_windows=len(rung.get("windows", [])),
+                    rows={m: decode_nonfinite(r) for m, r in rung.get("rows", {}).items()},
                 )
         elif entry.kind == "verdict":
             verdicts.append(entry)

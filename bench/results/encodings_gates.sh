@@ -20,5 +20,6 @@ for reg in molmo2-perf-pass1 molmo2-perf-pass1-h200 molmo2-perf-pass1-h200-inter
 done
 
 # The 40k run's gates before launch: the E1 data gate as kill line K-E1 on the data counts every window carries,
-# the box pytest as a read every decision rule requires; and read 1's paired per-frame Δ with its 95% interval.
+# the box pytest as a read every decision rule requires; read 1's paired per-frame Δ with its 95% interval over the
+# rows of the run and of its A-s0 anchor (rung a_s0), both entered by `prereg record`.
 prereg amend molmo2-ar-40k "$fixes/ar-40k-gates.toml"
