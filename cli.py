@@ -227,8 +227,13 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
         if emit(as_json, payload):
             return
         print_plan(reg, frozen=result.frozen)
+        if result.amended:
+            out.print(
+                f"[yellow]amended in the ledger[/] (in force; the file is as frozen; `prereg audit show {reg.id}`):"
+            )
         for path, value in result.amended:
-            out.print(f"[yellow]amended in the ledger[/]: {esc(path)} = {esc(json.dumps(value))} is in force")
+            shown = json.dumps(value) if not isinstance(value, (dict, list)) else "a table or list, added or changed"
+            out.print(f"  {esc(path)}: {esc(shown)}")
         print_assumed(payload["assumed"], reg.source)
         print_sensitivity(assessment)
         for note in payload["notes"]:
