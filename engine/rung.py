@@ -6,7 +6,8 @@ drift hits every rung alike (they share one model and optimizer: their step time
 their loss is one trajectory).
 
 The process writes its own ledger entries: `run-start` before any work (with the process's identity: pid, host,
-start time), a `window` per window as it finishes, `kill` when a kill line fires, and `run-end` with its status.
+start time), a `window` per window as it finishes, `kill` when a kill line fires, and `run-end` with its status
+(and, for a run that crashed, the crash window its kill lines judged last: engine/crash.py).
 SIGTERM/SIGINT end the rung with status `killed` and a final window; SIGUSR1 is the ladder's time budget (status
 `killed`, by the budget, re-run on resume). The process dies with its ladder; a SIGKILL leaves a run without an
 end, which the next verb that reads the ledger records as `interrupted` (engine/reconcile.py).
@@ -391,7 +392,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "load_start_s": round(load_start - PROCESS_START, 4),
                 },
                 "ledger_s": round(ledger_s, 6) if run["run"] == last_window_run else 0.0,
-                "crash_window": crash_windows.get(run["run"]),
+                **({"crash_window": crash_windows[run["run"]]} if run["run"] in crash_windows else {}),
                 "parallel": getattr(runner, "parallel", None),
                 "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
             },
