@@ -648,12 +648,15 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
         if shown["runs"]:
             runs = []
             for r in shown["runs"]:
-                note = (
-                    r["flagged"]
-                    and f"[yellow]flagged: {esc(r['flagged'])}[/]"
-                    or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"))
-                    or esc(r["provenance"] or "")
-                )
+                crash = r["crash_window"]
+                crashed = f"crashed at step {crash['step']}, rc {crash['rc']}" if crash else ""
+                if r["flagged"]:
+                    note = f"[yellow]flagged: {esc(r['flagged'])}[/]"
+                elif r["kill"]:
+                    killed = f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"
+                    note = esc(f"{killed} ({crashed})" if crashed else killed)
+                else:
+                    note = esc(crashed or r["provenance"] or "")
                 items = esc(", ".join(r["items"]) or "—")
                 runs.append(
                     [esc(r["rung"]), esc(r["run"]), r["status"], str(r["windows"]), items, str(r["version"]), note]

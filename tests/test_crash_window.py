@@ -116,6 +116,8 @@ def test_a_molmo2_crash_fires_the_rc_clause_and_the_ladder_re_plans(tmp_path, mo
     assert [w["step"] for w in crashed.windows] == [2] and crashed.n_windows == 1
     summary_c, samples = summarize(crashed, 0, state.registration().declaration())
     assert "rc" not in samples and samples["s_per_step"] == [crashed.windows[0]["s_per_step"]]
+    shown = prereg_process("audit", "show", "micro", ledger=ledger, check=True).stdout
+    assert "killed by K-crash at step 2 (crashed at step 2, rc 1)" in shown
     verdict = json.loads(prereg_process("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
     assert verdict["dropped"]["P4"]["kill"] == "K-crash"
     assert next(r for r in verdict["rungs"] if r["rung"] == "C")["run"] == primed.run_id
@@ -223,3 +225,4 @@ def test_without_the_rc_clause_a_script_that_exits_nonzero_fails_the_rung(tmp_pa
     assert report.ok and state.kills == []
     [crashed] = [r for r in state.runs if r.rung == "B"]
     assert crashed.status == "failed" and crashed.crash_window["rc"] == 3
+    assert "crashed at step 2, rc 3" in prereg_process("audit", "show", "cmd-crash", ledger=ledger, check=True).stdout
