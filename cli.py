@@ -221,11 +221,19 @@ def check(file: Path, ledger: str = LedgerOption, as_json: bool = JsonOption) ->
             "config_defaults": reg.config_defaults,
             "notes": [use.note() for use in result.retired] + check_numerics_notes(result),
             "assumed": assumed_payload(result.assumed),
+            "amended": [{"path": path, "value": value} for path, value in result.amended],
             **sensitivity_payload(assessment),
         }
         if emit(as_json, payload):
             return
         print_plan(reg, frozen=result.frozen)
+        if result.amended:
+            out.print(
+                f"[yellow]amended in the ledger[/] (in force; the file is as frozen; `prereg audit show {reg.id}`):"
+            )
+        for path, value in result.amended:
+            shown = json.dumps(value) if not isinstance(value, (dict, list)) else "a table or list, added or changed"
+            out.print(f"  {esc(path)}: {esc(shown)}")
         print_assumed(payload["assumed"], reg.source)
         print_sensitivity(assessment)
         for note in payload["notes"]:
@@ -640,12 +648,15 @@ def audit_show(reg_id: str, ledger: str = LedgerOption, as_json: bool = JsonOpti
         if shown["runs"]:
             runs = []
             for r in shown["runs"]:
-                note = (
-                    r["flagged"]
-                    and f"[yellow]flagged: {esc(r['flagged'])}[/]"
-                    or (r["kill"] and esc(f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"))
-                    or esc(r["provenance"] or "")
-                )
+                crash = r["crash_window"]
+                crashed = f"crashed at step {crash['step']}, rc {crash['rc']}" if crash else ""
+                if r["flagged"]:
+                    note = f"[yellow]flagged: {esc(r['flagged'])}[/]"
+                elif r["kill"]:
+                    killed = f"killed by {r['kill']['kill']} at step {r['kill'].get('step')}"
+                    note = esc(f"{killed} ({crashed})" if crashed else killed)
+                else:
+                    note = esc(crashed or r["provenance"] or "")
                 items = esc(", ".join(r["items"]) or "—")
                 runs.append(
                     [esc(r["rung"]), esc(r["run"]), r["status"], str(r["windows"]), items, str(r["version"]), note]

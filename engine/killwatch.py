@@ -1,7 +1,8 @@
 """Kill lines, checked on every window of a running rung (docs/design.md "Kill lines").
 
 In a kill line a bare metric is the value in the window just finished, `step` its last step, and the history
-functions reach back over every finished window of this run. A line with at = "save" that holds waits for the
+functions reach back over every finished window of this run. A run that crashes is judged once more, on its crash
+window (engine/crash.py): `rc` and `step` only. A line with at = "save" that holds waits for the
 next save boundary before it kills ("kills wait for save boundaries").
 """
 
@@ -37,6 +38,9 @@ class KillEnv:
 
     def rung_metric(self, rung: str, metric: str) -> Any:
         return Undefined("rung summaries are not visible to kill lines")
+
+    def rows(self, rung: str, metric: str) -> Any:
+        return Undefined("recorded rows are not visible to kill lines")
 
     def oracle_passed(self, ident: str) -> Any:
         return Undefined("oracles are not visible to kill lines")
@@ -75,8 +79,9 @@ class KillWatch:
             if (not k.rungs or self.rung in k.rungs) and (not k.drops or set(k.drops) & set(self.items))
         ]
 
-    def check(self, windows: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The kill that fires on the window just finished, or None."""
+    def check(self, windows: list[dict[str, Any]], *, final: bool = False) -> dict[str, Any] | None:
+        """The kill that fires on the window just finished, or None. `final`: it is the run's crash window
+        (engine/crash.py): no save boundary will come, so a save line that holds, or held, fires on it."""
         env = KillEnv(windows)
         step = windows[-1]["step"]
         save_every = self.reg.protocol.save_every
@@ -85,14 +90,15 @@ class KillWatch:
             if line.at == "save":
                 if held and line.id not in self.pending:
                     self.pending[line.id] = step
-                if line.id in self.pending and save_every and step % save_every == 0:
+                if line.id in self.pending and (final or (save_every and step % save_every == 0)):
                     return {
                         "kill": line.id,
                         "step": step,
                         "held_since": self.pending[line.id],
                         "drops": list(line.drops),
                         "reason": (
-                            f"`{line.when}` held at step {self.pending[line.id]}; killed at the save boundary {step}"
+                            f"`{line.when}` held at step {self.pending[line.id]}; "
+                            + (f"the run crashed at step {step}" if final else f"killed at the save boundary {step}")
                         ),
                     }
             elif held:
@@ -100,6 +106,6 @@ class KillWatch:
                     "kill": line.id,
                     "step": step,
                     "drops": list(line.drops),
-                    "reason": f"`{line.when}` held at step {step}",
+                    "reason": f"`{line.when}` held at step {step}" + (" (the run crashed)" if final else ""),
                 }
         return None

@@ -6,7 +6,8 @@ drift hits every rung alike (they share one model and optimizer: their step time
 their loss is one trajectory).
 
 The process writes its own ledger entries: `run-start` before any work (with the process's identity: pid, host,
-start time), a `window` per window as it finishes, `kill` when a kill line fires, and `run-end` with its status.
+start time), a `window` per window as it finishes, `kill` when a kill line fires, and `run-end` with its status
+(and, for a run that crashed, the crash window its kill lines judged last: engine/crash.py).
 SIGTERM/SIGINT end the rung with status `killed` and a final window; SIGUSR1 is the ladder's time budget (status
 `killed`, by the budget, re-run on resume). The process dies with its ladder; a SIGKILL leaves a run without an
 end, which the next verb that reads the ledger records as `interrupted` (engine/reconcile.py).
@@ -245,6 +246,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         run_dir=run_dir,
     )
 
+    from engine.crash import crash_window
     from engine.killwatch import KillWatch
     from prereg.canonical import encode_nonfinite
 
@@ -351,6 +353,21 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
     exit_status = runner.close() if runner is not None else None
     if not ranks.writer:
         return rc
+    crash_windows: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if status[run["run"]] != "failed":
+            continue
+        # A crash is the run's last window: the kill lines judge it like any other (engine/crash.py).
+        crash_windows[run["run"]] = crash_window(windows[run["run"]], rc, exit_status, ranks.world_size)
+        fired = watches[run["run"]].check([*windows[run["run"]], crash_windows[run["run"]]], final=True)
+        if fired:
+            ledger.append(
+                "kill", args.reg, {"rung": run["label"], "declared_rung": run["rung"], **fired}, ref=run["run"]
+            )
+            # Killed by its line, the run is final for its items and the contingency re-plans the ladder, as for
+            # a line that fired on a measured window; the error stays beside the kill.
+            status[run["run"]] = "killed"
+            ended_by[run["run"]] = {"kill": fired["kill"], **ended_by[run["run"]]}
     wall = time.monotonic() - PROCESS_START
     devices = (
         runner.devices if runner is not None else 1
@@ -375,6 +392,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
                     "load_start_s": round(load_start - PROCESS_START, 4),
                 },
                 "ledger_s": round(ledger_s, 6) if run["run"] == last_window_run else 0.0,
+                **({"crash_window": crash_windows[run["run"]]} if run["run"] in crash_windows else {}),
                 "parallel": getattr(runner, "parallel", None),
                 "memory_snapshots": snapshots_in(memory),  # read once, at the end: an out-of-memory dump included
             },

@@ -70,6 +70,25 @@ class CheckResult:
     # The values the encoder assumed: the ledger's latest version's marks for a frozen document (amendments add them
     # without changing the frozen text), else the file's own.
     assumed: list[AssumedValue] = field(default_factory=list)
+    # A frozen document's values that amendments changed: (path, the value in force), the frozen text unchanged.
+    amended: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def amended_values(file_document: dict[str, Any], in_force: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The paths where the ledger's latest version differs from the file, with the value in force (None where an
+    amendment removed it); the encoder's marks are shown apart (assumed)."""
+    from prereg.amend import diff_paths
+    from prereg.assumed import lookup
+
+    out = []
+    for path in diff_paths(file_document, in_force):
+        if path.split(".")[0] == "assumed" or path.endswith("(order)"):
+            continue
+        try:
+            out.append((path, lookup(in_force, path)))
+        except KeyError:
+            out.append((path, None))
+    return out
 
 
 def check(ledger: Ledger | None, path: Path) -> CheckResult:
@@ -82,12 +101,14 @@ def check(ledger: Ledger | None, path: Path) -> CheckResult:
     frozen = ledger is not None and reg.id in ledger.reg_ids()
     known: set[RetiredUse] = set()
     assumed = assumed_values(document_dict(reg))
+    amended: list[tuple[str, Any]] = []
     if frozen:
         state = load_state(ledger, reg.id, with_windows=False)
         known = {use for v in state.versions for use in retired_uses(state.registration_at(v.number))}
         assumed = assumed_values(state.document)
+        amended = amended_values(document_dict(reg), state.document)
     refuse_retired([use for use in uses if use not in known], str(path))
-    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen), assumed)
+    return CheckResult(reg, frozen, uses, numerics_check(ledger, reg, path, frozen), assumed, amended)
 
 
 def numerics_check(ledger: Ledger | None, reg: Registration, path: Path, frozen: bool) -> str | None:
@@ -248,13 +269,24 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
                     where=where,
                     fix="list the items the rung ran with, by the registration's item ids; nothing was written",
                 )
-        names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"}
+        names = set(rung.metrics) | {k for w in rung.windows for k in w if k != "step"} | set(rung.rows)
         unknown = sorted(names - set(metrics))
         if unknown:
             raise InvalidInput(
                 f"rungs.{rung_id}: unknown metric(s) {unknown}; the {reg.workload} catalogue has {sorted(metrics)}",
                 where=where,
                 fix="name metrics as the workload's catalogue does; nothing was written",
+            )
+        by_row = sorted(m for m in metrics if metrics[m].rows)
+        misplaced = sorted(
+            {m for m in names - set(rung.rows) if metrics[m].rows} | {m for m in rung.rows if m not in by_row}
+        )
+        if misplaced:
+            raise InvalidInput(
+                f"rungs.{rung_id}: {misplaced} recorded in the wrong place: the metrics recorded row by row "
+                f"({by_row}) go in [rungs.{rung_id}.rows.METRIC], every other one in metrics or windows",
+                where=where,
+                fix='write a per-row metric as [rungs.R.rows.METRIC] with "ROW_ID" = value lines; nothing was written',
             )
 
     # The input is valid (every exit-2 check is above); now the governance rule, exit 3.
@@ -317,6 +349,9 @@ def record(ledger: Ledger, reg_id: str, path: Path) -> list[Entry]:
         measured = rung.model_dump(exclude_none=True)
         measured["metrics"] = encode_nonfinite(measured["metrics"])
         measured["windows"] = [encode_nonfinite(w) for w in measured["windows"]]
+        rows = measured.pop("rows")
+        if rows:  # a record without rows keeps the body records had before rows existed
+            measured["rows"] = {m: encode_nonfinite(r) for m, r in rows.items()}
         rungs[rung_id] = {**measured, "flagged": flagged}
     batch.append(
         (

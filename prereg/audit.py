@@ -98,6 +98,7 @@ def audit_show(ledger: Ledger, reg_id: str) -> dict[str, Any]:
                 "version": r.version,
                 "flagged": r.flagged,
                 "kill": r.kill,
+                "crash_window": r.crash_window,
                 "totals": r.totals,
                 "provenance": r.provenance,
                 "seq": r.start_seq,

@@ -485,6 +485,7 @@ def scope_names(reg: Registration, workload: WorkloadDeclaration) -> dict[str, f
         items=frozenset(i.id for i in reg.items),
         oracles=frozenset(o.id for i in reg.items for o in i.oracles),
         kills=frozenset([k.id for k in reg.kill] + rung_ids),
+        row_metrics=frozenset(m.name for m in workload.metrics.values() if m.rows),
     )
 
 
@@ -691,12 +692,14 @@ class RecordedRung(Strict):
     status: RungStatus
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     windows: list[dict[str, float | int | bool]] = Field(default_factory=list)
+    # A per-row metric's rows: metric -> row id (a frame id) -> value.
+    rows: dict[str, dict[str, float]] = Field(default_factory=dict)
     notes: str | None = None
 
     @model_validator(mode="after")
     def _has_data(self) -> "RecordedRung":
-        if not self.metrics and not self.windows:
-            raise ValueError("a recorded rung needs metrics = { … } or [[…windows]]")
+        if not self.metrics and not self.windows and not self.rows:
+            raise ValueError("a recorded rung needs metrics = { … }, [[…windows]] or [….rows.METRIC]")
         for index, window in enumerate(self.windows):
             if "step" not in window:
                 raise ValueError(f"windows[{index}] needs step = N (the window's last step)")

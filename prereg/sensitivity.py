@@ -501,6 +501,9 @@ class _PointEnv:
     def rung_metric(self, rung: str, metric: str) -> Value:
         return self.point.get((rung, metric), Undefined(f"{rung}.{metric} is not a summary of this read"))
 
+    def rows(self, rung: str, metric: str) -> Undefined:
+        return Undefined("no rows are recorded before the ladder")
+
     def metric(self, name: str) -> Value:
         return Undefined("a bare metric outside a pass rule")
 

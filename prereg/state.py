@@ -3,7 +3,8 @@
 Everything here is derived; the entries are the truth. Entry kinds and their `data`:
 - freeze / amend: the document (and for amend: reason, post_hoc paths), its hash, the source file's hash.
 - oracle: oracle id, item, kind, observed values, bounds, passed, reason, version, external.
-- run-start / window / run-end (ref = run id): rung, items, config, version; window metrics; status and totals.
+- run-start / window / run-end (ref = run id): rung, items, config, version; window metrics; status and totals
+  (and a crashed run's crash window: engine/crash.py).
 - interrupted (ref = run id): a run found without an end.
 - kill (ref = run id): kill line, rung, step, drops.
 - record: provenance, version, recorded oracle observations are separate oracle entries; rungs with their
@@ -65,6 +66,10 @@ class RungRun:
         None  # {"kill": id} | {"signal": name} | {"budget": True} | {"ceiling": True} | {"error": …}
     )
     memory_snapshots: tuple[str, ...] = ()  # allocation snapshots a `memory_snapshot` rung wrote (paths on its machine)
+    # A run that crashed: the window its kill lines judged last (engine/crash.py), kept apart from `windows` so
+    # that no read, rate or sensitivity takes it for a measurement.
+    crash_window: dict[str, Any] | None = None
+    rows: dict[str, dict[str, float]] = field(default_factory=dict)  # a recorded rung's per-row metrics
 
 
 @dataclass
@@ -243,6 +248,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
             run.totals = decode_nonfinite(data.get("totals", {}))
             run.ended_by = data.get("ended_by")
             run.memory_snapshots = tuple(data.get("memory_snapshots") or ())
+            run.crash_window = data.get("crash_window")
         elif entry.kind == "interrupted":
             runs[entry.ref].status = "interrupted"
             runs[entry.ref].totals = data.get("totals", {})
@@ -269,6 +275,7 @@ def load_state(ledger: Ledger, reg_id: str, *, with_windows: bool = True) -> Reg
                     flagged=rung.get("flagged"),
                     provenance=data["provenance"],
                     n_windows=len(rung.get("windows", [])),
+                    rows={m: decode_nonfinite(r) for m, r in rung.get("rows", {}).items()},
                 )
         elif entry.kind == "verdict":
             verdicts.append(entry)

@@ -133,6 +133,17 @@ class VerdictEnv:
             return Undefined(f"{rung}.{metric} was not measured")
         return view.summary[metric]
 
+    def rows(self, rung: str, metric: str) -> Any:
+        if rung == "PASS":
+            return Undefined("PASS names a rung's summary, not its rows")
+        view = self.views.get(rung)
+        if view is None or view.why_undefined:
+            return Undefined(view.why_undefined if view else f"rung {rung} is not in the plan")
+        assert view.run is not None
+        if metric not in view.run.rows:
+            return Undefined("no rows of it were recorded")
+        return view.run.rows[metric]
+
     def metric(self, name: str) -> Any:
         return Undefined(f"bare metric {name} outside a pass rule")
 
@@ -189,6 +200,7 @@ def read_scope(reg: Registration) -> Scope:
         items=frozenset(i.id for i in reg.items),
         oracles=frozenset(o.id for i in reg.items for o in i.oracles),
         kills=frozenset([k.id for k in reg.kill] + rung_ids),
+        row_metrics=frozenset(m.name for m in reg.declaration().metrics.values() if m.rows),
     )
 
 

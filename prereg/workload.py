@@ -30,6 +30,9 @@ class Metric:
     # Whether the value depends on which samples shared each step (a loss, an evaluation of the trained weights):
     # two rungs compare on it only if they trained on the same steps (prereg/pairing.py). Speed and memory do not.
     paired: bool = False
+    # Recorded row by row (one value per frame id, `prereg record`'s [rungs.R.rows.METRIC]) rather than per window:
+    # row functions pair two rungs' rows by id (prereg/rules/rows.py); a rung has no summary of it.
+    rows: bool = False
     # How a person sees it. The CLI and the report show every rung's WINDOW_FIELDS; a metric marked `display` is
     # shown beside them, as a column headed `label` (units included: people read the table, not the catalogue),
     # its values written with `format` (a format spec: ",.0f" for a count in the hundred thousands, not 1.435e+05).

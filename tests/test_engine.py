@@ -467,3 +467,35 @@ def test_a_rung_process_that_dies_under_a_living_ladder_is_ended_failed_not_reru
     [run] = state.runs
     assert run.status == "failed" and run.totals["rc"] == -signal.SIGKILL
     assert "ended by the ladder" in run.ended_by["error"] and run.totals["steps"] >= 1
+
+
+def test_a_rung_process_that_dies_is_a_crash_its_kill_lines_judge(tmp_path):
+    """A process that dies (a segfault in a kernel, the OOM killer) is a crash: the ladder ends its run on a crash
+    window, and a line that says `rc != 0` kills it and drops what it suspects."""
+    text = LONG + '\n[[kill]]\nid = "K-crash"\nwhen = "not finite(loss) or rc != 0"\nrungs = ["C"]\ndrops = ["P4"]\n'
+    path, ledger = frozen(tmp_path, text)
+    process = _start_run(path, ledger)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            state, _ = state_of(ledger)
+            if any(r.rung == "C" and r.n_windows for r in state.runs):
+                break
+            time.sleep(0.2)
+        pids = _rung_processes(process.pid)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    summary = json.loads(out)
+    assert summary["stopped"] != "failed", summary
+    state, report = state_of(ledger)
+    assert report.ok
+    [run] = [r for r in state.runs if r.rung == "C"]
+    assert (
+        run.status == "killed" and run.ended_by["kill"] == "K-crash" and "ended by the ladder" in run.ended_by["error"]
+    )
+    assert run.crash_window["rc"] == -signal.SIGKILL and run.crash_window["step"] == run.windows[-1]["step"]
+    assert state.dropped()["P4"]["cause"] == "kill"

@@ -130,6 +130,21 @@ METRICS = {
             True,
             paired=True,
         ),
+        # The data the run trains on, counted at load and carried by every window (seed 003's E1 data gate): a
+        # count, not a rate, so no interval.
+        _m("data_datasets", "datasets", "last", "datasets the run trains on", relative_ok=False),
+        _m("data_episodes", "episodes", "last", "training episodes the run draws from", relative_ok=False),
+        _m("data_frames", "frames", "last", "camera frames over those episodes", relative_ok=False),
+        _m("data_state_dim", "dims", "last", "dimensions of the robot state", relative_ok=False),
+        _m("data_action_dim", "dims", "last", "dimensions of an action", relative_ok=False),
+        # The box's test suite at the launch commit (seed 003's gate "Box pytest green at the launch commit"),
+        # entered with `prereg record`: the engine runs no suite of the box's.
+        _m("box_pytest_passed", "tests", "last", "tests passed at the launch commit", relative_ok=False),
+        _m("box_pytest_failed", "tests", "last", "tests failed or in error at the launch commit", relative_ok=False),
+        # The panel's per-frame errors (its npz rows), keyed by frame id, entered with `prereg record`: read 1's
+        # paired per-frame delta against an anchor's rows (seed 003 section 5).
+        _m("panel_frame_chunk_mae", "action units", "last", "panel chunk MAE per frame", True, rows=True),
+        _m("panel_frame_first_mae", "action units", "last", "panel first-action MAE per frame", True, rows=True),
         # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
         _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True, paired=True),
         _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True, paired=True),

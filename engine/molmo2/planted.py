@@ -10,6 +10,7 @@ batch too, so "it aborted" alone would pass with the guard gone). Only GUARD_ABO
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -17,6 +18,11 @@ import traceback
 import torch
 
 GUARD_ABORTED = 3
+# The same fault planted in training: a rung process started with this variable set to SWITCH@STEP (say
+# "no_embed_clone@3") crashes at that step of a run with that switch on, at the model's own patch-count guard: the
+# step's first chunk carries one <im_patch> fewer than its images have features. A real crash of the real step,
+# for what a crash does to a ladder (engine/crash.py); a run without the switch trains as ever.
+CRASH_VARIABLE = "PREREG_MOLMO2_PLANT_CRASH"
 GUARD_FUNCTION = "_add_image_features"
 # The guard's statements in that function: the baseline's host-side raise, P3a's device-side assert.
 GUARD_LINES = ("raise ValueError(", "torch._assert_async(")
@@ -28,6 +34,25 @@ def raised_at_guard(error: BaseException) -> bool:
         f for f in traceback.extract_tb(error.__traceback__) if f.filename.endswith(os.path.join("model", "model.py"))
     ]
     return bool(frames) and frames[-1].name == GUARD_FUNCTION and (frames[-1].line or "").startswith(GUARD_LINES)
+
+
+def mismatched(batch, image_patch_id: int, end_id: int):
+    """The batch with its first <im_patch> replaced: one fewer than the images have features."""
+    ids = batch.prefix.input_ids.clone()
+    first_patch = int((ids == image_patch_id).nonzero()[0, 1])
+    ids[0, first_patch] = end_id
+    return dataclasses.replace(batch, prefix=dataclasses.replace(batch.prefix, input_ids=ids))
+
+
+def planted_crash(environ: dict[str, str]) -> tuple[str, int] | None:
+    """(switch, step) of the crash CRASH_VARIABLE plants, or None when it is unset."""
+    value = environ.get(CRASH_VARIABLE)
+    if not value:
+        return None
+    switch, _, step = value.partition("@")
+    if not switch or not step.isdigit() or int(step) < 1:
+        raise ValueError(f"{CRASH_VARIABLE} = {value!r}: expected SWITCH@STEP with a step >= 1, e.g. no_embed_clone@3")
+    return switch, int(step)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,14 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         ImageGeometry.for_tiny(),
         1,
     )
-    batch = collator([RigDataset(0, 2).sample(i) for i in range(2)])
-    ids = batch.prefix.input_ids.clone()
-    first_patch = int((ids == config.image_patch_id).nonzero()[0, 1])
-    ids[0, first_patch] = layout.end_id  # one <im_patch> fewer than the images have features
-    planted = type(batch.prefix)(**{**vars(batch.prefix), "input_ids": ids})
-    batch = type(batch)(prefix=planted, suffix=batch.suffix, actions=batch.actions, n_cameras=batch.n_cameras).to(
-        device
-    )
+    batch = mismatched(collator([RigDataset(0, 2).sample(i) for i in range(2)]), config.image_patch_id, layout.end_id)
+    batch = batch.to(device)
     model = Molmo2Model(config, Switches.from_names([args.switch])).to(device)
     init_weights(model, 0)
     try:

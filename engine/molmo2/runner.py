@@ -9,6 +9,7 @@ the data pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ from engine.molmo2.data.collate import Collator, make_fast_tokenizer
 from engine.molmo2.data.fast import FastDecodeError
 from engine.molmo2.data.processor import ImageGeometry
 from engine.molmo2.data.prompt import ByteTokenizer, TokenLayout, parse_suffix
-from engine.molmo2.data.rig import RigDataset
+from engine.molmo2.data.rig import STATE_DIM, RigDataset
 from engine.molmo2.model.ar import ar_greedy_decode
 from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, init_weights
+from engine.molmo2.planted import mismatched, planted_crash
 from engine.molmo2.run_config import RUN_CONFIG, Molmo2RunConfig
 from engine.molmo2.switches import Switches
 from engine.molmo2.train.distributed import (
@@ -78,6 +80,20 @@ GEOMETRIES = {
 COMPILED_PAD_MULTIPLE = (16, 16)
 
 
+def data_banner(datasets: list[RigDataset]) -> dict[str, int]:
+    """What the run trains on, counted from its own datasets at load: seed 003's E1 data gate ("878 datasets /
+    38,571 episodes / 18,636,749 frames / dims 6/6") as this workload can count it. A rig episode is one moment of
+    a pick, its frames one per camera; the dims are the robot state's and the action chunk's. Every window carries
+    it, so a kill line sees it on the first one."""
+    return {
+        "data_datasets": len(datasets),
+        "data_episodes": sum(len(d) for d in datasets),
+        "data_frames": sum(d.scene(i).n_cameras for d in datasets for i in range(len(d))),
+        "data_state_dim": STATE_DIM,
+        "data_action_dim": min(d.action_dim for d in datasets),
+    }
+
+
 class Molmo2Runner:
     def __init__(self, profile: Profile, config: Molmo2RunConfig, seed: int, context: RunContext | None = None):
         """`config`: the rung's effective config, resolved against `profile` (engine.molmo2.run_config)."""
@@ -125,6 +141,7 @@ class Molmo2Runner:
         # The switches every rung of this config runs; a rung's items add theirs (set_switches).
         self.baseline = Switches.from_names(config.baseline_switches)
         self.switches = self.baseline
+        self.planted_crash = planted_crash(os.environ)  # (switch, step): engine/molmo2/planted.py
 
     # ---- load ----
     def load(self) -> None:
@@ -156,6 +173,7 @@ class Molmo2Runner:
             split="eval",
         )
         self.train_data = data
+        self.banner = data_banner([data])
         self.pool = with_global_loss_tokens(self._prepare_pool(data), self.ranks)
         self.probe_step = self.pool[0]
 
@@ -225,6 +243,12 @@ class Molmo2Runner:
     def train_window(self, steps: int, should_stop: Callable[[], bool]) -> dict[str, Any]:
         assert self.trainer is not None, "load() first"
         batch = [self.pool[(self.cursor + k) % len(self.pool)] for k in range(steps)]
+        if self.planted_crash is not None and self.planted_crash[0] in self.switches.on():
+            k = self.planted_crash[1] - self.cursor - 1
+            if 0 <= k < steps:
+                first, *rest = batch[k].chunks
+                planted = mismatched(first, self.config.image_patch_id, self.layout.end_id)
+                batch[k] = dataclasses.replace(batch[k], chunks=(planted, *rest))
         if self.memory is None:
             window = self.trainer.window(batch, self.switches.windowed_vram_peak, should_stop)
         else:
@@ -234,7 +258,7 @@ class Molmo2Runner:
             # After the first window the last step's gradients and the optimizer state are still live.
             self.memory.dump_once("first-window", *holders())
         self.cursor += window["steps"]
-        return window
+        return {**window, **self.banner}
 
     # ---- evaluation ----
     def decode(self, samples: list) -> list[list[int]]:

@@ -20,6 +20,9 @@ class Env(Protocol):
 
     def rung_metric(self, rung: str, metric: str) -> Value: ...
 
+    # a per-row metric's rows on a rung: row id -> value (row functions pair them by id)
+    def rows(self, rung: str, metric: str) -> Mapping[str, float] | Undefined: ...
+
     # bare metric: in a pass rule the judged rung's summary; in a kill line the window just finished
     def metric(self, name: str) -> Value: ...
 
@@ -49,6 +52,7 @@ class MapEnv:
         *,
         reads: Mapping[str, Value] | None = None,
         rung_metrics: Mapping[tuple[str, str], Value] | None = None,
+        rows: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
         metrics: Mapping[str, Value] | None = None,
         step: int | None = None,
         history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
@@ -60,6 +64,7 @@ class MapEnv:
         self._reads = MappingProxyType(dict(reads or {}))
         self._rung_metrics = MappingProxyType(dict(rung_metrics or {}))
         self._rungs_measured = frozenset(rung for rung, _ in self._rung_metrics)
+        self._rows = MappingProxyType(dict(rows or {}))
         self._metrics = MappingProxyType(dict(metrics or {}))
         self._step = step
         self._history = MappingProxyType({name: list(series) for name, series in (history or {}).items()})
@@ -75,6 +80,9 @@ class MapEnv:
         if rung not in self._rungs_measured:
             return Undefined(f"rung {rung} has no measurements")
         return self._rung_metrics.get((rung, metric), Undefined(f"rung {rung} did not measure {metric}"))
+
+    def rows(self, rung: str, metric: str) -> Mapping[str, float] | Undefined:
+        return self._rows.get((rung, metric), Undefined(f"rung {rung} has no rows of {metric}"))
 
     def metric(self, name: str) -> Value:
         return self._metrics.get(name, Undefined("not measured"))

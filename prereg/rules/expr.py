@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prereg.rules.nodes import Node, ReadRef, RungMetricRef
+from prereg.rules.nodes import Node, ReadRef, RowsCall, RungMetricRef
 from prereg.rules.scope import CONDITION_KINDS, KIND_NOUNS
 from prereg.rules.values import Undefined, Value, describe
 
@@ -25,7 +25,10 @@ class Expr:
         return frozenset(node.name for node in self.root.walk() if isinstance(node, ReadRef))
 
     def rung_metrics_used(self) -> frozenset[tuple[str, str]]:
-        return frozenset((node.rung, node.metric) for node in self.root.walk() if isinstance(node, RungMetricRef))
+        """Every (rung, metric) the expression measures with: values, and the rows a row function pairs."""
+        used = {(node.rung, node.metric) for node in self.root.walk() if isinstance(node, RungMetricRef)}
+        used |= {ref for node in self.root.walk() if isinstance(node, RowsCall) for ref in (node.rows, node.anchor)}
+        return frozenset(used)
 
     def rungs_used(self) -> frozenset[str]:
         return frozenset(rung for rung, _ in self.rung_metrics_used())

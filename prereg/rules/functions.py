@@ -6,7 +6,10 @@ Three families:
   where a ladder is judged after the fact: reads, rules, expectations;
 - history functions that reach back through the windows of the running rung (at_step, last, ...), usable in
   kill lines only. Their first argument is a bare metric name, not a value: `at_step(loss, 500)` names the
-  series `loss`, it does not evaluate the current window's loss.
+  series `loss`, it does not evaluate the current window's loss;
+- row functions over the rows of a per-row metric (paired_delta, ...), usable where reads are judged: reads,
+  rules, expectations. Both arguments name rows, RUNG.metric, not values: `paired_delta(run.m, anchor.m)` pairs
+  the two rungs' rows by id (prereg/rules/rows.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from prereg.rules.rows import paired_delta, paired_delta_high, paired_delta_low
 from prereg.rules.values import StaticType, Undefined, Value, is_number
 
 
@@ -214,9 +218,35 @@ HISTORY_FUNCTIONS: dict[str, HistoryFunction] = {
 # 5k": last(probe, 3, after=5000) waits for three windows past 5000, never reaching back before it).
 HISTORY_QUALIFIED = frozenset({"last"})
 
-# A function's name is one namespace across the three families.
-assert not (
-    PURE_FUNCTIONS.keys() & CONTEXT_FUNCTIONS.keys()
-    or PURE_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys()
-    or CONTEXT_FUNCTIONS.keys() & HISTORY_FUNCTIONS.keys()
-)
+
+@dataclass(frozen=True)
+class RowFunction:
+    name: str
+    usage: str
+    apply: Callable[[list[float]], Value] = field(repr=False, compare=False)  # over the paired differences
+
+
+ROW_FUNCTIONS: dict[str, RowFunction] = {
+    f.name: f
+    for f in (
+        RowFunction(
+            "paired_delta",
+            "paired_delta(R.m, ANCHOR.m): the mean of R's rows minus ANCHOR's, paired by row id",
+            paired_delta,
+        ),
+        RowFunction(
+            "paired_delta_low",
+            "paired_delta_low(R.m, ANCHOR.m): the lower end of paired_delta's 95% interval (Student's t)",
+            paired_delta_low,
+        ),
+        RowFunction(
+            "paired_delta_high",
+            "paired_delta_high(R.m, ANCHOR.m): the upper end of paired_delta's 95% interval (Student's t)",
+            paired_delta_high,
+        ),
+    )
+}
+
+# A function's name is one namespace across the four families.
+_FAMILIES = (PURE_FUNCTIONS, CONTEXT_FUNCTIONS, HISTORY_FUNCTIONS, ROW_FUNCTIONS)
+assert not any(a.keys() & b.keys() for i, a in enumerate(_FAMILIES) for b in _FAMILIES[i + 1 :])

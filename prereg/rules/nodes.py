@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prereg.rules.functions import HistoryFunction, PureFunction
+from prereg.rules.functions import HistoryFunction, PureFunction, RowFunction
+from prereg.rules.rows import differences
 from prereg.rules.values import Undefined, Value, admit, describe, is_number, matches
 
 if TYPE_CHECKING:
@@ -315,3 +316,24 @@ class HistoryCall(Node):
 
     def children(self) -> tuple[Node, ...]:
         return (self.argument,) if self.after is None else (self.argument, self.after)
+
+
+@dataclass(frozen=True)
+class RowsCall(Node):
+    function: RowFunction
+    rows: tuple[str, str]  # (rung, metric): the rows, not a value
+    anchor: tuple[str, str]
+    source: str
+
+    def evaluate(self, env: Env) -> Value:
+        names = (".".join(self.rows), ".".join(self.anchor))
+        found = []
+        for (rung, metric), name in zip((self.rows, self.anchor), names):
+            rows = env.rows(rung, metric)
+            if isinstance(rows, Undefined):
+                return Undefined(f"{self.source}: {name}: {rows.reason}")
+            found.append({str(k): admit(v, f"Env.rows({rung!r}, {metric!r})") for k, v in rows.items()})
+        deltas = differences(found[0], found[1], names)
+        if isinstance(deltas, Undefined):
+            return Undefined(f"{self.source}: {deltas.reason}")
+        return self.function.apply(deltas)

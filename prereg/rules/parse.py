@@ -17,7 +17,13 @@ from collections.abc import Iterable
 
 from prereg.rules.error import RuleError
 from prereg.rules.expr import Expr
-from prereg.rules.functions import CONTEXT_FUNCTIONS, HISTORY_FUNCTIONS, HISTORY_QUALIFIED, PURE_FUNCTIONS
+from prereg.rules.functions import (
+    CONTEXT_FUNCTIONS,
+    HISTORY_FUNCTIONS,
+    HISTORY_QUALIFIED,
+    PURE_FUNCTIONS,
+    ROW_FUNCTIONS,
+)
 from prereg.rules.nodes import (
     Arithmetic,
     BoolOp,
@@ -30,6 +36,7 @@ from prereg.rules.nodes import (
     Not,
     PureCall,
     ReadRef,
+    RowsCall,
     RungMetricRef,
     Sign,
     StepRef,
@@ -385,7 +392,7 @@ class _Compiler:
     def _functions_here(self) -> list[str]:
         names = list(PURE_FUNCTIONS)
         if self.scope.kind in REFERENCE_KINDS:
-            names += list(CONTEXT_FUNCTIONS)
+            names += list(CONTEXT_FUNCTIONS) + list(ROW_FUNCTIONS)
         if self.scope.kind == "kill":
             names += list(HISTORY_FUNCTIONS)
         return names
@@ -403,6 +410,12 @@ class _Compiler:
         if name in CONTEXT_FUNCTIONS and kind not in REFERENCE_KINDS:
             raise self._refuse(
                 f"{name}() is not available in {KIND_NOUNS[kind]}: it judges a finished ladder",
+                node=node,
+                allowed="it is available in reads, rules and expectations",
+            )
+        if name in ROW_FUNCTIONS and kind not in REFERENCE_KINDS:
+            raise self._refuse(
+                f"{name}() is not available in {KIND_NOUNS[kind]}: it pairs the rows of finished rungs",
                 node=node,
                 allowed="it is available in reads, rules and expectations",
             )
@@ -434,6 +447,8 @@ class _Compiler:
             return self._pure_call(node, name)
         if name in CONTEXT_FUNCTIONS:
             return self._context_call(node, name)
+        if name in ROW_FUNCTIONS:
+            return self._rows_call(node, name)
         return self._history_call(node, name)
 
     def _arity(self, node: ast.Call, name: str, usage: str, least: int, most: int | None) -> None:
@@ -480,6 +495,29 @@ class _Compiler:
                 allowed=f"{kinds} ids are {_listing(known - {'PASS'})}",
             )
         return ContextCall(name, arg.value, self._segment(node)), "boolean"
+
+    def _rows_call(self, node: ast.Call, name: str) -> tuple[Node, StaticType]:
+        fn = ROW_FUNCTIONS[name]
+        self._arity(node, name, fn.usage, 2, 2)
+        refs = []
+        for arg in node.args:
+            row_metrics = self.scope.row_metrics
+            if not (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)):
+                raise self._refuse(
+                    f"{name}() pairs rows: {self._segment(arg)!r} is not RUNG.metric",
+                    node=arg,
+                    allowed=f"{fn.usage}; metrics recorded row by row are {_listing(row_metrics)}",
+                )
+            compiled, _ = self._attribute(arg)  # the rung and the metric exist, spelled exactly
+            assert isinstance(compiled, RungMetricRef)
+            if compiled.metric not in row_metrics:
+                raise self._refuse(
+                    f"{name}() pairs rows, and {compiled.metric!r} is not recorded row by row",
+                    node=arg,
+                    allowed=f"metrics recorded row by row are {_listing(row_metrics)}",
+                )
+            refs.append((compiled.rung, compiled.metric))
+        return RowsCall(fn, refs[0], refs[1], self._segment(node)), "number"
 
     def _history_call(self, node: ast.Call, name: str) -> tuple[Node, StaticType]:
         fn = HISTORY_FUNCTIONS[name]

@@ -40,6 +40,7 @@ class Scope:
     items: frozenset[str] = frozenset()  # item ids (string args of passed()/dropped())
     oracles: frozenset[str] = frozenset()  # oracle ids (string args of passed())
     kills: frozenset[str] = frozenset()  # kill-line ids (string args of killed())
+    row_metrics: frozenset[str] = frozenset()  # the metrics recorded row by row (arguments of row functions)
 
     def __post_init__(self) -> None:
         if self.kind not in SCOPE_KINDS:
