@@ -6,6 +6,8 @@ decision rule in the verdict; read 1's paired per-frame Δ with its 95% interval
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -33,10 +35,24 @@ CRASH_CLAUSE = "not finite(loss) or rc != 0"
 AR_40K = "molmo2-ar-40k"
 
 
+# The lab's ledger holds these corrections from this entry on: the script appended them.
+CORRECTIONS_FROM = 402
+
+
+def without_times(entry) -> tuple:
+    return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
+
+
 @pytest.fixture(scope="module")
 def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The lab's ledger with the script applied, once for the module (tests copy it to write)."""
-    ledger = lab_ledger_copy(tmp_path_factory.mktemp("gates") / "ledger.db")
+    """The lab's ledger as it was before the script, with the script applied, once for the module (tests copy it
+    to write)."""
+    buffer = io.StringIO()
+    with Ledger.open(str(lab_ledger_copy(tmp_path_factory.mktemp("lab") / "ledger.db")), create=False) as lab:
+        lab.export_jsonl(buffer)
+    lines = buffer.getvalue().splitlines(keepends=True)[:CORRECTIONS_FROM]  # the export's header, then entries
+    ledger = tmp_path_factory.mktemp("gates") / "ledger.db"
+    Ledger.import_jsonl(io.StringIO("".join(lines)), str(ledger)).close()
     subprocess.run(
         ["bash", str(SCRIPT), str(ledger)],
         check=True,
@@ -58,6 +74,19 @@ def registration(ledger: Path, reg_id: str, version: int | None = None):
     with Ledger.open(str(ledger), create=False) as store:
         state = load_state(store, reg_id, with_windows=False)
         return state.registration() if version is None else state.registration_at(version)
+
+
+def test_the_labs_ledger_holds_what_the_script_appends(applied: Path, tmp_path: Path):
+    """Entry for entry, but for their times (hence their hashes), the corrections in ledger.db are the script's."""
+    with (
+        Ledger.open(str(applied), create=False) as ours,
+        Ledger.open(str(lab_ledger_copy(tmp_path / "lab.db")), create=False) as lab,
+    ):
+        appended = [without_times(e) for e in ours.entries() if e.seq >= CORRECTIONS_FROM]
+        recorded = [
+            without_times(e) for e in lab.entries() if CORRECTIONS_FROM <= e.seq < CORRECTIONS_FROM + len(appended)
+        ]
+    assert appended and appended == recorded
 
 
 def test_the_script_applies_and_the_ledger_verifies_with_nothing_post_hoc(applied: Path, tmp_path: Path):
