@@ -23,3 +23,9 @@ done
 # the box pytest as a read every decision rule requires; read 1's paired per-frame Δ with its 95% interval over the
 # rows of the run and of its A-s0 anchor (rung a_s0), both entered by `prereg record`.
 prereg amend molmo2-ar-40k "$fixes/ar-40k-gates.toml"
+
+# The decided S-bundle ladders: their verdict again, under the amended document (the same decision: none of
+# their runs crashed).
+for reg in molmo2-perf-pass1-h200 molmo2-perf-pass1-h200-interleaved; do
+  prereg verdict "$reg"
+done
