@@ -198,19 +198,6 @@ def write_lab(
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def run_folders():
-    """The rungs' own folders land under reports/<id>/ in the checkout: removed after the tests."""
-
-    def ours() -> set[Path]:
-        return {p for pattern in ("cmd-*", "example-mlp-matmul") for p in (REPO / "reports").glob(pattern)}
-
-    before = ours()
-    yield
-    for folder in ours() - before:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def prereg(*args: str | Path, ledger: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """`prereg ARGS` as a process of its own: for `run`, whose ladder handles signals and starts processes."""
     return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args), "--ledger", str(ledger)], cwd=REPO,
