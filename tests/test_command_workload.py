@@ -379,7 +379,6 @@ def _pids_in_session(leader: int) -> set[int]:
     return found
 
 
-@pytest.mark.alone
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes die with their parent on Linux")
 def test_a_ladder_stopped_by_its_budget_then_sigkilled_resumes_from_scratch_each_time(cli: Cli, tmp_path):
     # No items: no oracle gate before the rung, so the budget is the rung's.
