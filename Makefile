@@ -28,17 +28,15 @@ export REQUIRE_POSTGRES
 REQUIRE_SLURM ?=
 export REQUIRE_SLURM
 
-# ruff first: lint and format at 120 columns (pyproject.toml) are part of the suite. The cluster's tests run after
-# the rest, alone: slurmd's tasks run on this host, and beside the suite's own process-killing tests a resumed rung
-# of either was ended by a signal.
+# ruff first: lint and format at 120 columns (pyproject.toml) are part of the suite. Then the whole suite on both
+# cores; the cluster's tests are one xdist group (tests/test_slurm.py), so one job at a time has the other core.
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	url=$$(bash tests/postgres_server.sh) && \
 	partition=$$(bash tests/slurm_cluster.sh) && \
 	export PREREG_TEST_POSTGRES_URL="$$url" PREREG_TEST_SLURM_PARTITION="$$partition" && \
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slurm and not alone" tests && \
-	$(BIN)/python -m pytest -m "slurm or alone" tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
 demo: venv
 	PREREG_DEMO=1 $(BIN)/python -m engine.demo

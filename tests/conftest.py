@@ -48,6 +48,29 @@ NEW_FREEZE_REFUSED = frozenset(
 )
 # Rich wraps tables to the terminal width; a fixed width makes output (and the golden files) stable.
 CLI_COLUMNS = "120"
+# The folders the suite's rungs and jobs leave under reports/<id>/ in the checkout: the command workload's run
+# folders (its scripts' windows and logs) and the Slurm jobs' logs. Removed once, after the whole session, by the
+# process that ran it (under xdist the controller, after every worker): a worker that removed them when its share
+# of a module ended would pull a folder from under a rung the other worker is still running.
+REPORT_FOLDERS = ("cmd-*", "example-mlp-matmul", "slurm-*")
+REPORTS_BEFORE = pytest.StashKey[set[Path]]()
+
+
+def report_folders() -> set[Path]:
+    return {folder for pattern in REPORT_FOLDERS for folder in (REPO / "reports").glob(pattern)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # an xdist worker leaves the folders to the controller
+        session.config.stash[REPORTS_BEFORE] = report_folders()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    before = session.config.stash.get(REPORTS_BEFORE, None)
+    if before is None:
+        return
+    for folder in report_folders() - before:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class CliResult(NamedTuple):

@@ -198,19 +198,6 @@ def write_lab(
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def run_folders():
-    """The rungs' own folders land under reports/<id>/ in the checkout: removed after the tests."""
-
-    def ours() -> set[Path]:
-        return {p for pattern in ("cmd-*", "example-mlp-matmul") for p in (REPO / "reports").glob(pattern)}
-
-    before = ours()
-    yield
-    for folder in ours() - before:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def prereg(*args: str | Path, ledger: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """`prereg ARGS` as a process of its own: for `run`, whose ladder handles signals and starts processes."""
     return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args), "--ledger", str(ledger)], cwd=REPO,
@@ -392,7 +379,6 @@ def _pids_in_session(leader: int) -> set[int]:
     return found
 
 
-@pytest.mark.alone
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes die with their parent on Linux")
 def test_a_ladder_stopped_by_its_budget_then_sigkilled_resumes_from_scratch_each_time(cli: Cli, tmp_path):
     # No items: no oracle gate before the rung, so the budget is the rung's.

@@ -11,6 +11,7 @@ judged are still P1's frozen ones.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -181,6 +182,9 @@ def test_p1a_fails_on_a_head_that_scores_differently_under_the_switch(tiny, monk
 
 def test_p1c_fails_when_the_switch_reaches_decode(tiny, monkeypatch):
     item, oracle = frozen("P1c")
+    # The fault moves every greedy token from the first on: 16 of the geometry's 128 show it as well, in an eighth of
+    # the decode time.
+    monkeypatch.setattr(tiny, "geometry", dataclasses.replace(tiny.geometry, decode_tokens=16))
     monkeypatch.setattr(Molmo2Model, "logits", under("no_embed_clone", last_columns_hotter)(Molmo2Model.logits))
     judgement, observed = gate_judgement(tiny, item, oracle, switch="no_embed_clone")
     assert not judgement.passed and observed["first_difference"] is not None, (judgement.reason, observed)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -439,19 +438,7 @@ def test_check_of_the_bundled_command_example_assesses_its_bars_from_the_scripts
     )
 
 
-@pytest.fixture
-def command_run_folders():
-    """The calibration's and the rungs' folders land under reports/cmd-power/ in the checkout: removed after."""
-    folder = Path(__file__).resolve().parent.parent / "reports" / "cmd-power"
-    existed = folder.exists()
-    yield
-    if not existed:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_a_command_ladder_is_refused_from_its_scripts_calibration_then_extended(
-    cli: Cli, tmp_path: Path, command_run_folders
-) -> None:
+def test_a_command_ladder_is_refused_from_its_scripts_calibration_then_extended(cli: Cli, tmp_path: Path) -> None:
     """The gate runs the user's script as the A/A calibration (the baseline rung A, twice, for 4 read windows after
     the warm-up step); one read window cannot see a 10% bar in 5% windows: refused (exit 3), no rung. Amended to
     `extend`, the same calibration decides the windows and the cost projected with them, which the ceiling judges;
@@ -550,7 +537,7 @@ def test_the_results_tables_power_and_fragility_are_the_ledgers(tmp_path: Path) 
 
 
 def test_a_script_that_fails_its_calibration_stops_the_run_with_its_reason_and_no_rung(
-    cli: Cli, tmp_path: Path, command_run_folders
+    cli: Cli, tmp_path: Path
 ) -> None:
     path = command_ladder(tmp_path, "warn", script='import sys\nsys.exit("no GPU here, on purpose")\n')
     cli.ok("freeze", path)

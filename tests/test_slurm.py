@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -217,19 +216,6 @@ def wait_for(predicate, what: str, timeout: float = 60.0):
 def job_state(job_id: str) -> str:
     shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True)
     return shown.stdout.split("JobState=", 1)[1].split()[0]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def run_folders():
-    """The rungs' folders and the jobs' logs land under reports/<id>/ in the checkout: removed after the tests."""
-
-    def ours() -> set[Path]:
-        return set((REPO / "reports").glob("slurm-*"))
-
-    before = ours()
-    yield
-    for folder in ours() - before:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- a ladder as jobs -------------------------------------------------------------------------------------------
