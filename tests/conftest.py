@@ -9,6 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+
+# Two xdist workers share two cores, and most tests start torch processes of their own: one thread each, so no
+# process's OpenMP threads spin-wait against another's. Set before torch is imported here; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import shutil
 import subprocess
 import sys

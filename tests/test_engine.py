@@ -246,13 +246,11 @@ def _wait_for(ledger: Path, kind: str, timeout: float = 180.0) -> None:
 LONG = MICRO.replace("steps = 6", "steps = 60").replace('items = ["P1", "P2", "P4"]', 'items = ["P1", "P4"]')
 
 
-def test_sigterm_ends_the_rung_killed_and_a_second_run_is_refused_meanwhile(tmp_path):
+def test_sigterm_ends_the_rung_killed_and_the_next_run_redoes_it(tmp_path):
     path, ledger = frozen(tmp_path, LONG)
     process = _start_run(path, ledger)
     try:
         _wait_for(ledger, "window")
-        second = prereg("run", "micro", "--file", str(path), ledger=ledger)
-        assert second.returncode == 3 and "already in progress" in second.stderr
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     finally:
@@ -271,6 +269,25 @@ def test_sigterm_ends_the_rung_killed_and_a_second_run_is_refused_meanwhile(tmp_
     finished = [r for r in state.runs if r.status == "finished"]
     assert sorted(r.rung for r in finished) == ["A", "C"]
     assert all(len(r.windows) == 30 for r in finished)  # exactly one full set of windows per rung
+
+
+# Long enough that a second `prereg run` starts and is refused while the first one's rung still trains.
+LONGER = LONG.replace("steps = 60", "steps = 600")
+
+
+def test_a_second_run_is_refused_while_the_first_runs(tmp_path):
+    path, ledger = frozen(tmp_path, LONGER)
+    process = _start_run(path, ledger)
+    try:
+        _wait_for(ledger, "window")
+        second = prereg("run", "micro", "--file", str(path), ledger=ledger)
+        assert second.returncode == 3 and "already in progress" in second.stderr
+        assert process.poll() is None  # refused while the first was running, not after it ended
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    state, report = state_of(ledger)
+    assert report.ok and [r.status for r in state.runs] == ["running"]  # the refused run wrote nothing
 
 
 def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
