@@ -7,6 +7,7 @@ points PREREG_LEDGER into the test's tmp directory, so no test can ever write th
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 
@@ -172,6 +173,24 @@ def lab_ledger_copy(destination: Path) -> Path:
     """A copy of the lab's ledger.db at `destination` (tests never open the committed file itself)."""
     shutil.copyfile(REPO_LEDGER, destination)
     return destination
+
+
+def lab_ledger_before(entry: int, destination: Path) -> Path:
+    """The lab's ledger as it was before `entry`, at `destination`: its earlier entries exported and imported again
+    (the same chain, so the same head there). A script that appended entries from `entry` on replays on it."""
+    from prereg.ledger import Ledger
+
+    buffer = io.StringIO()
+    with Ledger.open(str(lab_ledger_copy(destination.with_name("lab.db"))), create=False) as lab:
+        lab.export_jsonl(buffer)
+    lines = buffer.getvalue().splitlines(keepends=True)[:entry]  # the export's header, then entries
+    Ledger.import_jsonl(io.StringIO("".join(lines)), str(destination)).close()
+    return destination
+
+
+def without_times(entry) -> tuple:
+    """An entry but for its time (hence its hash): what a replay of the script that appended it appends again."""
+    return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
 
 
 def freeze_as_the_lab_did(ledger: Path, path: Path) -> None:

@@ -5,8 +5,6 @@ where a person looks — assumed values in `check` and `audit show`, the FAST bl
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REGISTRATIONS, REPO, Cli, lab_ledger_copy, ledger_fingerprint, write
+from conftest import (
+    REGISTRATIONS,
+    REPO,
+    Cli,
+    lab_ledger_before,
+    lab_ledger_copy,
+    ledger_fingerprint,
+    without_times,
+    write,
+)
 
 from prereg.ledger import Ledger
 from prereg.state import load_state
@@ -27,24 +34,9 @@ SUM_REL = "items.P3c.oracles.P3c-fp64.bounds.sum_rel"
 CORRECTIONS_FROM = 350
 
 
-def ledger_before_the_corrections(path: Path) -> Path:
-    """The lab's ledger as it was before the script ran: its first entries, exported and imported again (the same
-    chain, so the same head at that entry)."""
-    buffer = io.StringIO()
-    with Ledger.open(str(lab_ledger_copy(path.with_name("lab.db"))), create=False) as lab:
-        lab.export_jsonl(buffer)
-    lines = buffer.getvalue().splitlines(keepends=True)[:CORRECTIONS_FROM]  # the export's header, then entries
-    Ledger.import_jsonl(io.StringIO("".join(lines)), str(path)).close()
-    return path
-
-
-def without_times(entry) -> tuple:
-    return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
-
-
 @pytest.fixture(scope="module")
 def before(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ledger_before_the_corrections(tmp_path_factory.mktemp("before") / "ledger.db")
+    return lab_ledger_before(CORRECTIONS_FROM, tmp_path_factory.mktemp("before") / "ledger.db")
 
 
 @pytest.fixture(scope="module")

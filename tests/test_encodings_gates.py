@@ -6,8 +6,6 @@ decision rule in the verdict; read 1's paired per-frame Δ with its 95% interval
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REGISTRATIONS, REPO, Cli, lab_ledger_copy, write
+from conftest import REGISTRATIONS, REPO, Cli, lab_ledger_before, lab_ledger_copy, without_times, write
 
 from engine.crash import crash_window
 from engine.killwatch import KillEnv, KillWatch, kill_scope
@@ -39,20 +37,11 @@ AR_40K = "molmo2-ar-40k"
 CORRECTIONS_FROM = 402
 
 
-def without_times(entry) -> tuple:
-    return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
-
-
 @pytest.fixture(scope="module")
 def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The lab's ledger as it was before the script, with the script applied, once for the module (tests copy it
     to write)."""
-    buffer = io.StringIO()
-    with Ledger.open(str(lab_ledger_copy(tmp_path_factory.mktemp("lab") / "ledger.db")), create=False) as lab:
-        lab.export_jsonl(buffer)
-    lines = buffer.getvalue().splitlines(keepends=True)[:CORRECTIONS_FROM]  # the export's header, then entries
-    ledger = tmp_path_factory.mktemp("gates") / "ledger.db"
-    Ledger.import_jsonl(io.StringIO("".join(lines)), str(ledger)).close()
+    ledger = lab_ledger_before(CORRECTIONS_FROM, tmp_path_factory.mktemp("gates") / "ledger.db")
     subprocess.run(
         ["bash", str(SCRIPT), str(ledger)],
         check=True,
