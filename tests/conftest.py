@@ -193,6 +193,32 @@ def without_times(entry) -> tuple:
     return (entry.kind, entry.reg_id, entry.ref, json.dumps(entry.data, sort_keys=True, default=str))
 
 
+def apply_script(script: Path, ledger: Path) -> Path:
+    """A correction script of bench/results/ run on `ledger`, with this interpreter and this checkout."""
+    subprocess.run(
+        ["bash", str(script), str(ledger)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "COLUMNS": "120"},
+        timeout=600,
+    )
+    return ledger
+
+
+def assert_the_lab_holds_what_the_script_appended(applied: Path, entry: int, scratch: Path) -> None:
+    """Entry for entry, but for their times (hence their hashes), the lab's ledger holds from `entry` on what the
+    script appended to the ledger before it (`applied`)."""
+    from prereg.ledger import Ledger
+
+    with (
+        Ledger.open(str(applied), create=False) as ours,
+        Ledger.open(str(lab_ledger_copy(scratch / "lab.db")), create=False) as lab,
+    ):
+        appended = [without_times(e) for e in ours.entries() if e.seq >= entry]
+        recorded = [without_times(e) for e in lab.entries() if entry <= e.seq < entry + len(appended)]
+    assert appended and appended == recorded
+
+
 def freeze_as_the_lab_did(ledger: Path, path: Path) -> None:
     """Freeze a bundled registration into `ledger` (a fresh one) as the lab froze it before freezes recorded their
     defaults: its run configs under the workload's unrecorded defaults (what a new freeze of it would refuse)."""

@@ -5,10 +5,7 @@ where a person looks — assumed values in `check` and `audit show`, the FAST bl
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +13,10 @@ from conftest import (
     REGISTRATIONS,
     REPO,
     Cli,
+    apply_script,
+    assert_the_lab_holds_what_the_script_appended,
     lab_ledger_before,
-    lab_ledger_copy,
     ledger_fingerprint,
-    without_times,
     write,
 )
 
@@ -44,27 +41,11 @@ def applied(before: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ledger before the corrections with the script applied, once for the module (tests copy it to write)."""
     ledger = tmp_path_factory.mktemp("encodings") / "ledger.db"
     shutil.copyfile(before, ledger)
-    subprocess.run(
-        ["bash", str(SCRIPT), str(ledger)],
-        check=True,
-        capture_output=True,
-        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "COLUMNS": "120"},
-        timeout=600,
-    )
-    return ledger
+    return apply_script(SCRIPT, ledger)
 
 
 def test_the_labs_ledger_holds_what_the_script_appends(applied: Path, tmp_path: Path):
-    """Entry for entry, but for their times (hence their hashes), the corrections in ledger.db are the script's."""
-    with (
-        Ledger.open(str(applied), create=False) as ours,
-        Ledger.open(str(lab_ledger_copy(tmp_path / "lab.db")), create=False) as lab,
-    ):
-        appended = [without_times(e) for e in ours.entries() if e.seq >= CORRECTIONS_FROM]
-        recorded = [
-            without_times(e) for e in lab.entries() if CORRECTIONS_FROM <= e.seq < CORRECTIONS_FROM + len(appended)
-        ]
-    assert appended and appended == recorded
+    assert_the_lab_holds_what_the_script_appended(applied, CORRECTIONS_FROM, tmp_path)
 
 
 @pytest.fixture

@@ -6,14 +6,19 @@ decision rule in the verdict; read 1's paired per-frame Δ with its 95% interval
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REGISTRATIONS, REPO, Cli, lab_ledger_before, lab_ledger_copy, without_times, write
+from conftest import (
+    REGISTRATIONS,
+    REPO,
+    Cli,
+    apply_script,
+    assert_the_lab_holds_what_the_script_appended,
+    lab_ledger_before,
+    write,
+)
 
 from engine.crash import crash_window
 from engine.killwatch import KillEnv, KillWatch, kill_scope
@@ -41,15 +46,7 @@ CORRECTIONS_FROM = 402
 def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The lab's ledger as it was before the script, with the script applied, once for the module (tests copy it
     to write)."""
-    ledger = lab_ledger_before(CORRECTIONS_FROM, tmp_path_factory.mktemp("gates") / "ledger.db")
-    subprocess.run(
-        ["bash", str(SCRIPT), str(ledger)],
-        check=True,
-        capture_output=True,
-        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "COLUMNS": "120"},
-        timeout=600,
-    )
-    return ledger
+    return apply_script(SCRIPT, lab_ledger_before(CORRECTIONS_FROM, tmp_path_factory.mktemp("gates") / "ledger.db"))
 
 
 @pytest.fixture
@@ -66,16 +63,7 @@ def registration(ledger: Path, reg_id: str, version: int | None = None):
 
 
 def test_the_labs_ledger_holds_what_the_script_appends(applied: Path, tmp_path: Path):
-    """Entry for entry, but for their times (hence their hashes), the corrections in ledger.db are the script's."""
-    with (
-        Ledger.open(str(applied), create=False) as ours,
-        Ledger.open(str(lab_ledger_copy(tmp_path / "lab.db")), create=False) as lab,
-    ):
-        appended = [without_times(e) for e in ours.entries() if e.seq >= CORRECTIONS_FROM]
-        recorded = [
-            without_times(e) for e in lab.entries() if CORRECTIONS_FROM <= e.seq < CORRECTIONS_FROM + len(appended)
-        ]
-    assert appended and appended == recorded
+    assert_the_lab_holds_what_the_script_appended(applied, CORRECTIONS_FROM, tmp_path)
 
 
 def test_the_script_applies_and_the_ledger_verifies_with_nothing_post_hoc(applied: Path, tmp_path: Path):
