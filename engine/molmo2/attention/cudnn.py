@@ -91,57 +91,66 @@ def _handle(device: int):
         return cudnn_frontend().create_handle()
 
 
+def describe(shape: GraphShape, backward: bool):
+    """The SDPA graph of a shape, lowered but with no execution plan yet, and its tensors by name (the forward's
+    q, k, v, o, stats; the backward's also dO, dq, dk, dv; and the layout's). bench/cudnn_plans.py times every plan
+    cuDNN offers for it."""
+    cudnn = cudnn_frontend()
+    io = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[shape.dtype]
+    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=_handle(shape.device))  # fmt: skip
+    B, h, kv_h, d = shape.segments, shape.heads, shape.kv_heads, shape.head_dim
+    dims = {"q": ([B, h, shape.max_q, d], [shape.max_q * h * d, d, h * d, 1]),
+            "k": ([B, kv_h, shape.max_k, d], [shape.max_k * kv_h * d, d, kv_h * d, 1])}  # fmt: skip
+    t: dict = {}
+    for name, length in (("seq_len_q", B), ("seq_len_kv", B)):
+        t[name] = graph.tensor(dim=[length, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
+    for name in ("q_offset", "k_offset"):
+        t[name] = graph.tensor(dim=[B + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
+
+    def ragged(which: str):
+        tensor = graph.tensor(dim=dims[which][0], stride=dims[which][1], data_type=io)
+        tensor.set_ragged_offset(t[f"{which}_offset"])
+        return tensor
+
+    t["q"], t["k"], t["v"] = ragged("q"), ragged("k"), ragged("k")
+    band = ({"diagonal_band_right_bound": 0, "diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT}
+            if shape.causal else {})  # fmt: skip
+    common = {"attn_scale": 1.0 / math.sqrt(d), "use_padding_mask": True, "seq_len_q": t["seq_len_q"],
+              "seq_len_kv": t["seq_len_kv"], **band}  # fmt: skip
+    stats_dims = ([B, h, shape.max_q, 1], [h * shape.max_q, shape.max_q, 1, 1])
+    if backward:
+        t["o"], t["dO"] = ragged("q"), ragged("q")
+        t["stats"] = graph.tensor(dim=stats_dims[0], stride=stats_dims[1], data_type=cudnn.data_type.FLOAT)
+        outputs = graph.sdpa_backward(name="sdpa_backward", q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"],
+                                      stats=t["stats"], max_total_seq_len_q=shape.total_q,
+                                      max_total_seq_len_kv=shape.total_k, **common)  # fmt: skip
+        names = (("dq", "q"), ("dk", "k"), ("dv", "k"))
+    else:
+        outputs = graph.sdpa(name="sdpa", q=t["q"], k=t["k"], v=t["v"], generate_stats=True, **common)
+        names = (("o", "q"), ("stats", None))
+    for (name, like), tensor in zip(names, outputs):
+        if like is None:
+            tensor.set_output(True).set_dim(stats_dims[0]).set_stride(stats_dims[1]).set_data_type(
+                cudnn.data_type.FLOAT
+            )
+        else:
+            tensor.set_output(True).set_dim(dims[like][0]).set_stride(dims[like][1]).set_ragged_offset(
+                t[f"{like}_offset"]
+            )
+        t[name] = tensor
+    graph.validate()
+    graph.build_operation_graph()
+    return graph, t
+
+
 class _Graph:
-    """One built cuDNN graph, its tensors by name, and its workspace size."""
+    """One built cuDNN graph (cuDNN's first plan by its heuristics), its tensors by name, and its workspace size."""
 
     def __init__(self, shape: GraphShape, backward: bool):
         cudnn = cudnn_frontend()
         self.shape, self.handle = shape, _handle(shape.device)
-        io = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[shape.dtype]
-        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)  # fmt: skip
-        B, h, kv_h, d = shape.segments, shape.heads, shape.kv_heads, shape.head_dim
-        dims = {"q": ([B, h, shape.max_q, d], [shape.max_q * h * d, d, h * d, 1]),
-                "k": ([B, kv_h, shape.max_k, d], [shape.max_k * kv_h * d, d, kv_h * d, 1])}  # fmt: skip
-        t: dict = {}
-        for name, length in (("seq_len_q", B), ("seq_len_kv", B)):
-            t[name] = graph.tensor(dim=[length, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
-        for name in ("q_offset", "k_offset"):
-            t[name] = graph.tensor(dim=[B + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
-
-        def ragged(which: str):
-            tensor = graph.tensor(dim=dims[which][0], stride=dims[which][1], data_type=io)
-            tensor.set_ragged_offset(t[f"{which}_offset"])
-            return tensor
-
-        t["q"], t["k"], t["v"] = ragged("q"), ragged("k"), ragged("k")
-        band = ({"diagonal_band_right_bound": 0, "diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT}
-                if shape.causal else {})  # fmt: skip
-        common = {"attn_scale": 1.0 / math.sqrt(d), "use_padding_mask": True, "seq_len_q": t["seq_len_q"],
-                  "seq_len_kv": t["seq_len_kv"], **band}  # fmt: skip
-        stats_dims = ([B, h, shape.max_q, 1], [h * shape.max_q, shape.max_q, 1, 1])
-        if backward:
-            t["o"], t["dO"] = ragged("q"), ragged("q")
-            t["stats"] = graph.tensor(dim=stats_dims[0], stride=stats_dims[1], data_type=cudnn.data_type.FLOAT)
-            outputs = graph.sdpa_backward(name="sdpa_backward", q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"],
-                                          stats=t["stats"], max_total_seq_len_q=shape.total_q,
-                                          max_total_seq_len_kv=shape.total_k, **common)  # fmt: skip
-            names = (("dq", "q"), ("dk", "k"), ("dv", "k"))
-        else:
-            outputs = graph.sdpa(name="sdpa", q=t["q"], k=t["k"], v=t["v"], generate_stats=True, **common)
-            names = (("o", "q"), ("stats", None))
-        for (name, like), tensor in zip(names, outputs):
-            if like is None:
-                tensor.set_output(True).set_dim(stats_dims[0]).set_stride(stats_dims[1]).set_data_type(
-                    cudnn.data_type.FLOAT
-                )
-            else:
-                tensor.set_output(True).set_dim(dims[like][0]).set_stride(dims[like][1]).set_ragged_offset(
-                    t[f"{like}_offset"]
-                )
-            t[name] = tensor
-        graph.validate()
-        graph.build_operation_graph()
+        graph, t = describe(shape, backward)
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
         graph.build_plans()
