@@ -6,8 +6,23 @@
 # load and steps included, on the call after a ladder had compiled the same graphs). The cache lives under /tmp,
 # which a machine kept warm between calls keeps. It does not travel: after the fast path's ladders it was over
 # 45 MiB compressed, and a call carries 64 MiB in all, the wheels (20 MiB) and the tree included.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+#
+# WHEELS: where the wheels are (.whl, carried; /tmp/fa4 after bench/fa4_parts.sh's calls, which carry them there).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "${WHEELS:-.whl}"/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=120
+# flash-attn-4 (pack_attention = "varlen-fa4"): its CuTe DSL compiler, 64 MB as tar.xz, arrives in two parts under
+# /tmp/fa4 (bench/fa4_parts.sh); once both are there it is unpacked beside the wheels. Its packages live under
+# dsl_packages, which the wheel's .pth puts on the path of a site directory, and /tmp/site is none.
+if [ -f /tmp/fa4/cu13.sha256 ]; then
+  if [ ! -d /tmp/site/nvidia_cutlass_dsl/cu13 ]; then
+    (cd /tmp/fa4 && cat cu13.part00 cu13.part01 > cu13.tar.xz && sha256sum -c --quiet cu13.sha256) || exit 1
+    tar -C /tmp/site -xJf /tmp/fa4/cu13.tar.xz || exit 1
+  fi
+  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+  # its kernels compile at first use: kept on disk for the next process (a ladder's next rung, a benchmark)
+  export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/prereg-compile-cache/fa4
+fi
 # The checkout is not pip-installed there, so its workload entry points are written as a distribution's
 # metadata on PYTHONPATH, where importlib.metadata finds them (prereg/registry.py).
 python3 - <<'PY' || exit 1

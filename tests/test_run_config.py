@@ -127,7 +127,11 @@ SINGLE_KEY = [
     ({"camera_counts": [3]}, "camera_counts", f"camera counts from {list(CAMERA_COUNTS)}"),
     ({"camera_counts": []}, "camera_counts", "at least 1"),
     ({"prefix_attention": "flexx"}, "prefix_attention", "allowed: ['sdpa', 'flex']"),
-    ({"pack": True, "pack_attention": "padded"}, "pack_attention", "allowed: ['packed', 'varlen', 'varlen-cudnn']"),
+    (
+        {"pack": True, "pack_attention": "padded"},
+        "pack_attention",
+        "allowed: ['packed', 'varlen', 'varlen-cudnn', 'varlen-fa4']",
+    ),
     ({"baseline_switches": ["flash"]}, "baseline_switches", "unknown switch(es) ['flash']"),
     ({"baseline_switches": ["no_embed_clone"] * 2}, "baseline_switches", "more than once"),
     ({"backward_chunk": 2}, "backward_chunk", "unknown config key 'backward_chunk'"),
@@ -142,7 +146,7 @@ def test_a_wrong_type_or_value_names_the_key_and_what_is_allowed(raw, key, says)
 
 
 def test_the_allowed_values_leave_retired_ones_out():
-    assert RUN_CONFIG.allowed_values("pack_attention") == ("packed", "varlen", "varlen-cudnn")
+    assert RUN_CONFIG.allowed_values("pack_attention") == ("packed", "varlen", "varlen-cudnn", "varlen-fa4")
     assert RUN_CONFIG.allowed_values("suffix_attention") == ("sdpa",)
     assert "fps" not in RUN_CONFIG.keys() and "pack" in RUN_CONFIG.keys()
 
@@ -171,7 +175,7 @@ VALUES = {
     "bucket_by_length": st.booleans(),
     "chunk_by_cameras": st.booleans(),
     "pack": st.booleans(),
-    "pack_attention": st.sampled_from(["packed", "varlen", "varlen-cudnn"]),
+    "pack_attention": st.sampled_from(["packed", "varlen", "varlen-cudnn", "varlen-fa4"]),
     "pack_one_pass": st.booleans(),
     "prefix_attention": st.sampled_from(["sdpa", "flex"]),
     "memory_snapshot": st.booleans(),

@@ -35,7 +35,7 @@ from prereg.workload import (
 SWITCH_NAMES = tuple(f.name for f in fields(Switches)) + tuple(RETIRED_SWITCHES)
 CAMERA_COUNTS = (1, 2)  # the rig's camera kinds, front and side (data/rig.py CAMERA_KINDS)
 AttentionKernel = Literal["sdpa", "flex"]
-PackAttention = Literal["packed", "rows", "varlen", "varlen-cudnn"]
+PackAttention = Literal["packed", "rows", "varlen", "varlen-cudnn", "varlen-fa4"]
 PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 # A key that applies only when another is on -> that other key.
@@ -103,8 +103,9 @@ class Molmo2RunConfig(RunConfig):
         CHANGES_NUMERICS,
         Field(
             description="with pack: where a packed chunk attends: 'packed' (the packed row under per-sample block "
-            "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the "
-            "same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA); null without pack"
+            "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA), 'varlen-cudnn' (the "
+            "same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA) or 'varlen-fa4' (the same on "
+            "FlashAttention-4's Hopper kernels; needs flash-attn-4 on CUDA); null without pack"
         ),
     ]
     pack_one_pass: Annotated[

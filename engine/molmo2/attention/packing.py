@@ -36,7 +36,7 @@ class Packing:
     prefix_pos: torch.Tensor  # [1, Np] long: its RoPE position within its sample
     suffix_doc: torch.Tensor  # [1, Ns] long
     suffix_pos: torch.Tensor  # [1, Ns] long
-    segments: PackedSegments  # the varlen plans of its rows, for pack_attention = "varlen" / "varlen-cudnn"
+    segments: PackedSegments  # the varlen plans of its rows, for the varlen choices of pack_attention
 
     def to(self, device: torch.device | str) -> "Packing":
         moved = (t.to(device) for t in (self.prefix_doc, self.prefix_pos, self.suffix_doc, self.suffix_pos))

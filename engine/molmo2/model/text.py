@@ -60,7 +60,7 @@ class Rope:
 
 
 # A dense bool mask (SDPA), a BlockMask (FlexAttention: prefix_attention = "flex"), varlen Segments (a packed row
-# under pack_attention = "varlen" / "varlen-cudnn"), or None (no mask).
+# under the varlen choices of pack_attention), or None (no mask).
 Mask = torch.Tensor | BlockMask | Segments | None
 
 
