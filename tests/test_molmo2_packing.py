@@ -250,7 +250,7 @@ def test_cuda_varlen_trains_like_packed_flex_in_bf16(padded, one_pass, kernel):
     fp32 padded SDPA step, its logits and gradients may be off by at most twice the masks' error (plus 1e-3 for the
     case where that error is ~0)."""
     if kernel in PACKAGES:
-        pytest.importorskip(*PACKAGES[kernel])
+        pytest.importorskip(PACKAGES[kernel][0], reason=PACKAGES[kernel][1])
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     reference = _train_step(padded, Execution(), "cuda")
@@ -280,7 +280,7 @@ def test_cuda_varlen_calls_match_flash_attention_per_call(kernel):
     rounding (2**-5 on values of order 1; the H200 probes measured at most 0.03 for cuDNN, 0.0625 for FlashAttention-4
     against cuDNN on gradients of order 10), and against the fp64 per-segment reference no further than
     FlashAttention-2 is, twice over."""
-    pytest.importorskip(*PACKAGES[f"varlen-{kernel}"])
+    pytest.importorskip(PACKAGES[f"varlen-{kernel}"][0], reason=PACKAGES[f"varlen-{kernel}"][1])
     from engine.molmo2.attention.segments import varlen_call
 
     plan = pack(make_batch(tiny_config(), MORE_ROWS, seed=13), (16, 16)).packing.segments.joined.to("cuda")
