@@ -370,11 +370,6 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
-    # ... the same segments on FlashAttention-4's Hopper kernels (pack_attention = "varlen-fa4")
-    "packed-varlen-fa4-one-pass-x2-x7": (
-        {**PACKED_ONE_PASS, "pack_attention": "varlen-fa4"},
-        (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
-    ),
 }
 
 

@@ -43,6 +43,7 @@ NEW_FREEZE_REFUSED = frozenset(
         *("molmo2-ar-40k-f1", "molmo2-ar-40k", "molmo2-ar-f1-h200x2"),  # fps
         *("molmo2-pack-h200", "molmo2-pack-one-pass-h200", "molmo2-pack-varlen-h200"),  # suffix flex
         *("molmo2-pack-rows-h200", "molmo2-sflex-h200", "molmo2-x1-h200", "molmo2-x34-h200"),  # rows, X1, X3
+        "molmo2-pack-fa4-h200",  # varlen-fa4
         *(
             "molmo2-perf-pass1",
             "molmo2-perf-pass1-h200",

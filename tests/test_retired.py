@@ -18,6 +18,7 @@ from prereg.state import load_state
 # dropped; for an option no verdict retired, why none had to.
 EVIDENCE = {
     "pack_attention = 'rows'": ("molmo2-pack-rows-h200", "park-rows", None),
+    "pack_attention = 'varlen-fa4'": ("molmo2-pack-fa4-h200", "park-varlen-fa4", None),
     "switch vit_bf16_attention": ("molmo2-x1-h200", None, "X1"),
     "switch pool_fp32_math": ("molmo2-x34-h200", "park-x34", "X3"),
     "suffix_attention = 'flex'": ("molmo2-sflex-h200", None, None),
@@ -58,6 +59,7 @@ def test_each_retired_option_names_the_verdict_that_retired_it(lab: Ledger):
     ("reg_id", "uses"),
     [
         ("molmo2-pack-rows-h200", ["pack_attention = 'rows', retired by molmo2-pack-rows-h200 (park-rows)"]),
+        ("molmo2-pack-fa4-h200", ["pack_attention = 'varlen-fa4', retired by molmo2-pack-fa4-h200 (park-varlen-fa4)"]),
         ("molmo2-x1-h200", ["switch vit_bf16_attention, retired by molmo2-x1-h200"]),
         ("molmo2-x34-h200", ["switch pool_fp32_math, retired by molmo2-x34-h200", "suffix_attention = 'flex'"]),
         ("molmo2-ar-40k-f1", ["config key fps, retired by nothing reading it"]),

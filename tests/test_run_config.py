@@ -130,7 +130,7 @@ SINGLE_KEY = [
     (
         {"pack": True, "pack_attention": "padded"},
         "pack_attention",
-        "allowed: ['packed', 'varlen', 'varlen-cudnn', 'varlen-fa4']",
+        "allowed: ['packed', 'varlen', 'varlen-cudnn']",
     ),
     ({"baseline_switches": ["flash"]}, "baseline_switches", "unknown switch(es) ['flash']"),
     ({"baseline_switches": ["no_embed_clone"] * 2}, "baseline_switches", "more than once"),
@@ -146,7 +146,7 @@ def test_a_wrong_type_or_value_names_the_key_and_what_is_allowed(raw, key, says)
 
 
 def test_the_allowed_values_leave_retired_ones_out():
-    assert RUN_CONFIG.allowed_values("pack_attention") == ("packed", "varlen", "varlen-cudnn", "varlen-fa4")
+    assert RUN_CONFIG.allowed_values("pack_attention") == ("packed", "varlen", "varlen-cudnn")
     assert RUN_CONFIG.allowed_values("suffix_attention") == ("sdpa",)
     assert "fps" not in RUN_CONFIG.keys() and "pack" in RUN_CONFIG.keys()
 
@@ -175,7 +175,7 @@ VALUES = {
     "bucket_by_length": st.booleans(),
     "chunk_by_cameras": st.booleans(),
     "pack": st.booleans(),
-    "pack_attention": st.sampled_from(["packed", "varlen", "varlen-cudnn", "varlen-fa4"]),
+    "pack_attention": st.sampled_from(["packed", "varlen", "varlen-cudnn"]),
     "pack_one_pass": st.booleans(),
     "prefix_attention": st.sampled_from(["sdpa", "flex"]),
     "memory_snapshot": st.booleans(),

@@ -103,9 +103,8 @@ class Molmo2RunConfig(RunConfig):
         CHANGES_NUMERICS,
         Field(
             description="with pack: where a packed chunk attends: 'packed' (the packed row under per-sample block "
-            "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA), 'varlen-cudnn' (the "
-            "same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA) or 'varlen-fa4' (the same on "
-            "FlashAttention-4's Hopper kernels; needs flash-attn-4 on CUDA); null without pack"
+            "masks), 'varlen' (FlashAttention varlen calls on per-sample runs; bf16 on CUDA) or 'varlen-cudnn' (the "
+            "same segments on cuDNN's SDPA; needs nvidia-cudnn-frontend on CUDA); null without pack"
         ),
     ]
     pack_one_pass: Annotated[
@@ -415,6 +414,7 @@ def defaults(profile: Profile) -> dict[str, Any]:
 
 RETIRED = (
     RetiredOption("value", "pack_attention", "molmo2-pack-rows-h200 (park-rows)", value="rows"),
+    RetiredOption("value", "pack_attention", "molmo2-pack-fa4-h200 (park-varlen-fa4)", value="varlen-fa4"),
     RetiredOption("switch", "vit_bf16_attention", "molmo2-x1-h200 (X1 dropped at its oracle X1a)"),
     RetiredOption("switch", "pool_fp32_math", "molmo2-x34-h200 (park-x34: X3 dropped at its oracle X3a)"),
     RetiredOption("value", "suffix_attention", "molmo2-sflex-h200 (reached no outcome)", value="flex"),

@@ -127,10 +127,6 @@ class Molmo2Runner:
             from engine.molmo2.attention.cudnn import cudnn_frontend
 
             cudnn_frontend()  # a missing package is a config error now, not a failure in the first step
-        if config.pack_attention == "varlen-fa4" and self.device.type == "cuda":
-            from engine.molmo2.attention.fa4 import flash_attn_4
-
-            flash_attn_4()
         # A rung of several processes: this process's rank (engine.workload.join_ranks ran before), and how the
         # ranks train (recorded on the run's end).
         self.ranks = Ranks.current()

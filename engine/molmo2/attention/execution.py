@@ -17,9 +17,8 @@ the function. Each path's parity with the baseline's eager dense-SDPA path is a 
   that keep each sample to itself (dense for SDPA, block masks under prefix_attention = "flex"). "varlen": the
   packed row cut into segments, one per run of text or image tokens of a sample (segments.py), on
   FlashAttention-2's variable-length kernel: no per-pair rule inside the kernel. "varlen-cudnn": the same segments
-  on cuDNN's fused SDPA (cudnn.py); "varlen-fa4" on FlashAttention-4's Hopper kernels (fa4.py). The varlen kernels
-  compute in bf16/fp16 on CUDA; on the CPU all run the same per-segment reference. prefix_attention does not apply
-  to them.
+  on cuDNN's fused SDPA (cudnn.py). Both varlen kernels compute in bf16/fp16 on CUDA; on the CPU both run the same
+  per-segment reference. prefix_attention does not apply to them.
 - pack_one_pass (with pack, training): a packed chunk's prefix row and suffix row joined into one row through every
   block but the last (model.joined_suffix_hidden), so each weight serves one matmul a layer instead of two: one
   cast to bf16 and one weight gradient, nothing to accumulate.
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from engine.molmo2.run_config import Molmo2RunConfig
 
-VARLEN_KERNELS = {"varlen": "flash", "varlen-cudnn": "cudnn", "varlen-fa4": "fa4"}  # each varlen choice's CUDA kernel
+VARLEN_KERNELS = {"varlen": "flash", "varlen-cudnn": "cudnn"}  # the segments' CUDA kernel of each varlen choice
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ Why: FlexAttention evaluates the rule pair by pair in its partial blocks, most o
 varlen kernel has no rule to evaluate.
 
 The plans are built on the host once per packed chunk (pack()). On CUDA the calls are torch's FlashAttention
-varlen kernel (bf16/fp16), cuDNN's SDPA on the same segments (Segments.kernel "cudnn", pack_attention
-"varlen-cudnn", cudnn.py), or FlashAttention-4's Hopper kernels ("fa4", "varlen-fa4", fa4.py); on the CPU, where
-none exists, each segment is one SDPA call with the same rule as a
+varlen kernel (bf16/fp16), or cuDNN's SDPA on the same segments (Segments.kernel "cudnn", pack_attention
+"varlen-cudnn", cudnn.py); on the CPU, where neither exists, each segment is one SDPA call with the same rule as a
 dense mask: the function the tests check against the padded chunk in fp32."""
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("flash", "cudnn", "fa4")  # a varlen call's CUDA kernel
+KERNELS = ("flash", "cudnn")  # a varlen call's CUDA kernel
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Segments:
     inverse: torch.Tensor  # [N] long: where each query-row token's output is in the calls' outputs, concatenated
     keys: torch.Tensor  # [S] long: the calls' keys, concatenated (a key-row position per slot)
     key_copies: torch.Tensor  # [Nk, C] long: the slots of each key-row position, padded with S (no slot)
-    kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2), "cudnn" (cudnn.py), "fa4" (fa4.py)
+    kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2) or "cudnn" (cudnn.py)
 
     def to(self, device: torch.device | str) -> "Segments":
         return Segments(tuple(call.to(device) for call in self.calls), *(t.to(device) for t in
@@ -239,10 +238,6 @@ def varlen_call(
         from engine.molmo2.attention.cudnn import cudnn_varlen_call
 
         return cudnn_varlen_call(q, k, v, call)
-    if q.device.type == "cuda" and kernel == "fa4":
-        from engine.molmo2.attention.fa4 import fa4_varlen_call
-
-        return fa4_varlen_call(q, k, v, call)
     if q.device.type == "cuda":
         from torch.nn.attention.varlen import varlen_attn
 

@@ -332,7 +332,7 @@ class Molmo2Model(nn.Module):
 
     def _packed_path(self) -> str:
         """Where a packed chunk attends: "masks" (its packed row under per-sample masks, pack_attention = "packed")
-        or the CUDA kernel of its varlen segments ("flash", "cudnn" or "fa4")."""
+        or the CUDA kernel of its varlen segments ("flash" or "cudnn")."""
         return VARLEN_KERNELS.get(self.execution.pack_attention, "masks")
 
     def _prefix_attention(self, attention_mask: torch.Tensor | None, mm_token_type_ids: torch.Tensor,
