@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.killwatch import KillWatch
+from prereg.canonical import decode_nonfinite
+from prereg.ledger import Entry, Ledger
+from prereg.state import load_state
+
 # The rung process's own exit status when it fails (engine/rung.py): a crash whose script exited 0 (a window line
 # that broke the contract, say) still ends a failed run.
 RUNG_FAILED = 1
@@ -28,3 +33,33 @@ def crash_window(windows: list[dict[str, Any]], rc: int, exit_status: int | None
         "rc": exit_status if exit_status else rc,
         "world_size": world_size,
     }
+
+
+def end_crashed_run(ledger: Ledger, start: Entry, rc: int, world_size: int, reason: dict[str, Any],
+                    totals: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """End a run whose process died without ending it (the ladder saw its rung process exit, or Slurm its job end):
+    its crash window from the windows it recorded, the run's kill lines judging it as the rung would have, a `kill`
+    entry when one holds, and the `run-end` (`killed` then, else `failed`) with `reason` as what ended it. Returns
+    the line that fired, or None."""
+    reg_id, run_id = str(start.reg_id), str(start.ref)
+    measured = [decode_nonfinite(w.data) for w in ledger.entries(reg_id=reg_id, kinds=("window",), ref=run_id)]
+    crash = crash_window(measured, rc, None, world_size)
+    declared = start.data.get("declared_rung") or start.data["rung"]
+    registration = load_state(ledger, reg_id, with_windows=False).registration()
+    fired = KillWatch(registration, declared, tuple(start.data.get("items", ()))).check([*measured, crash], final=True)
+    if fired:
+        ledger.append("kill", reg_id, {"rung": start.data["rung"], "declared_rung": declared, **fired}, ref=run_id)
+    ledger.append(
+        "run-end",
+        reg_id,
+        {
+            "rung": start.data["rung"],
+            "status": "killed" if fired else "failed",
+            "ended_by": {"kill": fired["kill"], **reason} if fired else reason,
+            "crash_window": crash,
+            "totals": {"rc": rc, "steps": crash["step"], **totals},
+            **(extra or {}),
+        },
+        ref=run_id,
+    )
+    return fired

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import process_identity
-from engine.crash import crash_window
-from engine.killwatch import KillWatch
+from engine.crash import end_crashed_run
 from engine.launch import Launch
 from engine.launch.local import FORWARDED_SIGNALS, LocalLaunch, rung_command
 from engine.reconcile import record_interrupted, running
@@ -34,7 +33,6 @@ from engine.runlock import RunLock
 from engine.workload import memory_directory, snapshots_in
 from prereg.actions import check_source_unchanged, check_sources_unchanged
 from prereg.calibration import CALIBRATION_RUNS, baseline_items, calibration_runs, noise_at_run, rung_cost_estimate
-from prereg.canonical import decode_nonfinite
 from prereg.cost import cost_summary
 from prereg.errors import InvalidInput, LedgerCorrupt, PreregError, Refused
 from prereg.ledger import Ledger
@@ -234,39 +232,22 @@ class Ladder:
         them for ever. Snapshots a `memory_snapshot` rung wrote before it died are named on the end. A process
         that died is a crash (a segfault in a kernel, say): the run's kill lines judge its crash window, as the rung
         process judges its own when its runner raises (engine/crash.py)."""
-        reg = state.registration()
         for run in state.runs:
             if run.run_id not in run_ids or run.status != "running":
                 continue
-            windows = list(self.ledger.entries(reg_id=self.reg_id, kinds=("window",), ref=run.run_id))
-            error = {"error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"}
-            measured = [decode_nonfinite(w.data) for w in windows]
-            crash = crash_window(measured, rc, None, profile.world_size)
             start = next(self.ledger.entries(reg_id=self.reg_id, kinds=("run-start",), ref=run.run_id))
-            declared = start.data.get("declared_rung") or run.rung
-            fired = KillWatch(reg, declared, run.items).check([*measured, crash], final=True)
-            if fired:
-                self.ledger.append(
-                    "kill", self.reg_id, {"rung": run.rung, "declared_rung": declared, **fired}, ref=run.run_id
-                )
-            self.ledger.append(
-                "run-end",
-                self.reg_id,
+            fired = end_crashed_run(
+                self.ledger,
+                start,
+                rc,
+                profile.world_size,
+                {"error": f"the rung process exited with {rc} without ending its run (ended by the ladder)"},
                 {
-                    "rung": run.rung,
-                    "status": "killed" if fired else "failed",
-                    "ended_by": {"kill": fired["kill"], **error} if fired else error,
-                    "crash_window": crash,
-                    "totals": {
-                        "rc": rc,
-                        "steps": windows[-1].data["step"] if windows else 0,
-                        "wall_s": round(wall_s, 4),
-                        "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4),
-                        "world_size": profile.world_size,
-                    },
-                    "memory_snapshots": snapshots_in(REPO_ROOT / memory_directory(self.reg_id, run_ids[0])),
+                    "wall_s": round(wall_s, 4),
+                    "gpu_s": round(wall_s * profile.world_size / len(run_ids), 4),
+                    "world_size": profile.world_size,
                 },
-                ref=run.run_id,
+                {"memory_snapshots": snapshots_in(REPO_ROOT / memory_directory(self.reg_id, run_ids[0]))},
             )
             self.say(
                 f"[bold red]rung {run.rung}[/]: its process exited with {rc} without ending the run; recorded "

@@ -226,3 +226,52 @@ def test_without_the_rc_clause_a_script_that_exits_nonzero_fails_the_rung(tmp_pa
     [crashed] = [r for r in state.runs if r.rung == "B"]
     assert crashed.status == "failed" and crashed.crash_window["rc"] == 3
     assert "crashed at step 2, rc 3" in prereg_process("audit", "show", "cmd-crash", ledger=ledger, check=True).stdout
+
+
+# --- a cluster job that died without ending its run ----------------------------------------------------------------
+
+
+def lost_job(tmp_path: Path, when: str):
+    """A frozen micro registration with a kill line on rung C, the run-start and first window of its rung C on a
+    two-node job, and that job's entry: what the ledger holds when the job dies without ending its run."""
+    from prereg.canonical import encode_nonfinite
+
+    document = tmp_path / "micro.toml"
+    document.write_text(with_kill(MICRO, when, "C", "P4"))
+    ledger_path = tmp_path / "ledger.db"
+    prereg_process("freeze", str(document), ledger=ledger_path, check=True)
+    ledger = Ledger.open(str(ledger_path), create=False)
+    run_id = "micro-C-1"
+    start = {"rung": "C", "declared_rung": "C", "items": ["P1", "P2", "P4"], "version": 1, "steps": 8}
+    ledger.append("run-start", "micro", start, ref=run_id)
+    ledger.append("window", "micro", encode_nonfinite({**MEASURED[0], "rung": "C", "elapsed_s": 0.1}), ref=run_id)
+    job = ledger.append("job", "micro", {"purpose": "rung", "runs": {run_id: "C"}, "nodes": 2, "tasks_per_node": 1},
+                        ref="4242")  # fmt: skip
+    return ledger, job, run_id
+
+
+@pytest.mark.parametrize(("when", "status"), [(CRASH_CLAUSE, "killed"), ("not finite(loss)", "failed")])
+def test_a_slurm_job_that_died_ends_its_run_with_a_crash_window_its_kill_lines_judge(tmp_path: Path, when, status):
+    """Slurm says the job ran out of memory and the rung never wrote its run's end: the settle records the crash
+    window (the last recorded step, the job's exit status, its ranks) and the run's kill lines judge it as the rung
+    would have — `rc != 0` fires its contingency, a line without it leaves the run failed."""
+    from engine.launch.slurm import JobState, settle
+
+    ledger, job, run_id = lost_job(tmp_path, when)
+    try:
+        assert settle(ledger, job, JobState("OUT_OF_MEMORY", "0:125")) == -125
+        end = [e.data for e in ledger.entries(reg_id="micro", kinds=("run-end",), ref=run_id)]
+        kills = [e.data for e in ledger.entries(reg_id="micro", kinds=("kill",), ref=run_id)]
+        job_end = [e.data for e in ledger.entries(reg_id="micro", kinds=("job-end",), ref="4242")]
+        assert ledger.verify().ok
+    finally:
+        ledger.close()
+    assert len(end) == 1 and end[0]["status"] == status
+    assert end[0]["crash_window"] == {"step": 2, "rc": -125, "world_size": 2}
+    assert end[0]["ended_by"]["job_state"] == "OUT_OF_MEMORY" and "without ending its run" in str(end[0]["ended_by"])
+    assert job_end[0]["runs"] == {run_id: status}
+    if status == "killed":
+        assert len(kills) == 1 and kills[0]["kill"] == "K-crash" and kills[0]["drops"] == ["P4"]
+        assert end[0]["ended_by"]["kill"] == "K-crash"
+    else:
+        assert kills == []

@@ -11,7 +11,9 @@ evidence (the job's state, and whether the rung wrote its end):
 - the rung wrote its end: that status stands — finished, killed (scancel's SIGTERM reached it), failed —, unless
   the job was preempted, requeued or lost with its node, whose unfinished run is `interrupted`, re-run;
 - no end: preempted, requeued, node failure or a job Slurm no longer knows: `interrupted`; cancelled: `killed`;
-  anything else (failed, out of memory, the time limit): `failed`, with the job's state as the reason.
+  anything else (failed, out of memory, the time limit): a crash, with the job's state as the reason: its crash
+  window (engine/crash.py) is judged by the run's kill lines, so the run is `killed` where one holds on it, else
+  `failed`.
 
 Jobs never requeue (--no-requeue): a requeued job would run its runs' ids again; the ladder re-runs an
 interrupted rung from scratch as a new job. A job outlives its ladder: a ladder stopped by a signal leaves it
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.crash import RUNG_FAILED, end_crashed_run
 from engine.launch import LAUNCHER_VARIABLE, Purpose
 from engine.launch.local import REPO_ROOT
 from engine.launch.slurm_task import Task
@@ -338,6 +341,19 @@ def settle(ledger: Ledger, job: Entry, state: JobState) -> int:
             from engine.reconcile import record_interrupted
 
             record_interrupted(ledger, start, f"{said}; re-run from scratch")
+        elif end is None and decided == "failed":
+            # The job's process died (out of memory, a node lost, a segfault): a crash, which the run's kill
+            # lines judge as the rung process would have judged its own (engine/crash.py).
+            window = entries.get("window")
+            fired = end_crashed_run(
+                ledger,
+                start,
+                exit_status(state) or RUNG_FAILED,
+                int(job.data["nodes"]) * int(job.data["tasks_per_node"]),
+                {"job": job_id, "job_state": state.state, "error": f"{said} without ending its run"},
+                {"gpu_s": window.data.get("elapsed_s", 0.0) if window else 0.0, "at_least": True},
+            )
+            outcomes[run_id] = "killed" if fired else "failed"
         elif end is None:
             window = entries.get("window")
             ledger.append(
@@ -346,8 +362,7 @@ def settle(ledger: Ledger, job: Entry, state: JobState) -> int:
                 {
                     "rung": start.data["rung"],
                     "status": decided,
-                    "ended_by": {"job": job_id, "job_state": state.state}
-                    | ({"error": f"{said} without ending its run"} if decided == "failed" else {}),
+                    "ended_by": {"job": job_id, "job_state": state.state},
                     "totals": {
                         "rc": exit_status(state),
                         "steps": window.data["step"] if window else 0,
