@@ -53,6 +53,17 @@ def test_the_comparison_is_found_through_reads_and_in_expectations() -> None:
     assert [p.split(" = ")[0] for p in problems] == ["reads.loss_drift", "expectations.2.check"]
 
 
+def test_rows_paired_by_id_are_no_paired_comparison_across_differently_bucketed_rungs() -> None:
+    """Per-frame errors of the trained weights pair by frame id (paired_delta), but the weights of two rungs
+    trained on other steps are other trajectories: the row functions count as comparisons of a paired metric."""
+    delta = '[reads]\nd = "paired_delta(B.panel_frame_chunk_mae, A.panel_frame_chunk_mae)"\n'
+    problems = unpaired_comparisons(_registration(variant(BUCKETED_B, **{"[reads]\n": delta})))
+    assert len(problems) == 1 and problems[0].startswith("reads.d = ")
+    assert "panel_frame_chunk_mae across rungs A, B" in problems[0]
+    assert "bucket_by_length: A=False, B=True" in problems[0]
+    assert unpaired_comparisons(_registration(variant(MINI, **{"[reads]\n": delta}))) == []  # the same steps
+
+
 @pytest.mark.parametrize("case", ["speed only", "shared flag", "steps kept", "one rung", "until_pass"])
 def test_what_stays_allowed(case: str) -> None:
     text = {

@@ -143,8 +143,16 @@ METRICS = {
         _m("box_pytest_failed", "tests", "last", "tests failed or in error at the launch commit", relative_ok=False),
         # The panel's per-frame errors (its npz rows), keyed by frame id, entered with `prereg record`: read 1's
         # paired per-frame delta against an anchor's rows (seed 003 section 5).
-        _m("panel_frame_chunk_mae", "action units", "last", "panel chunk MAE per frame", True, rows=True),
-        _m("panel_frame_first_mae", "action units", "last", "panel first-action MAE per frame", True, rows=True),
+        _m("panel_frame_chunk_mae", "action units", "last", "panel chunk MAE per frame", True, paired=True, rows=True),
+        _m(
+            "panel_frame_first_mae",
+            "action units",
+            "last",
+            "panel first-action MAE per frame",
+            True,
+            paired=True,
+            rows=True,
+        ),
         # Endpoint panel evaluation (seed 003 section 5), entered with `prereg record` from the eval cluster.
         _m("panel_chunk_mae", "action units", "last", "panel pooled chunk MAE", True, paired=True),
         _m("panel_first_mae", "action units", "last", "panel pooled first-action MAE", True, paired=True),
