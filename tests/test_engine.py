@@ -21,10 +21,6 @@ from prereg.state import load_state
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
 
-pytestmark = pytest.mark.xdist_group(
-    "engine"
-)  # these tests each start several torch processes: keep them on one worker
-
 
 def _cuda_available() -> bool:
     import torch
