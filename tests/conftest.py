@@ -72,6 +72,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.stash[REPORTS_BEFORE] = report_folders()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` groups by a `@group` suffix that xdist 3.8 writes to `item._nodeid`, a field pytest 9 no
+    longer reads: without this every group's tests are spread over the workers as if ungrouped."""
+    if not config.getoption("loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     before = session.config.stash.get(REPORTS_BEFORE, None)
     if before is None:

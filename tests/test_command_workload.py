@@ -35,6 +35,8 @@ from prereg.state import load_state
 from prereg.template import BLANK_MARK, COMMAND, blanks
 
 REPO = Path(__file__).resolve().parent.parent
+# One worker for the module: its ladder of broken scripts (a module fixture, 10 s) runs once, not once on each.
+pytestmark = pytest.mark.xdist_group("command-workload")
 REFUSED, INVALID = 3, 2
 # The scripts' `python` is this interpreter, and they import prereg from this checkout.
 ENV = {

@@ -23,8 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
 CRASH_CLAUSE = "not finite(loss) or rc != 0"
 
-pytestmark = pytest.mark.xdist_group("engine")  # these tests start torch processes: beside the engine's tests
-
 
 def with_kill(text: str, when: str, rung: str, drops: str, at: str = "") -> str:
     return text + f'\n[[kill]]\nid = "K-crash"\nwhen = "{when}"\nrungs = ["{rung}"]\ndrops = ["{drops}"]\n{at}'

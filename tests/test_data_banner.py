@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from conftest import prereg_process
 
 from engine.molmo2.data.rig import RigDataset
@@ -17,8 +16,6 @@ from prereg.state import load_state
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
 GATE = "data_datasets != 878 or data_episodes != 38571 or data_frames != 18636749"
-
-pytestmark = pytest.mark.xdist_group("engine")  # it starts torch processes: beside the engine's tests
 
 
 def test_the_banner_counts_the_runs_own_episodes_and_frames():

@@ -29,6 +29,8 @@ SUM_REL = "items.P3c.oracles.P3c-fp64.bounds.sum_rel"
 
 # The lab's ledger holds the corrections from this entry on: the script appended them.
 CORRECTIONS_FROM = 350
+# One worker for the module: its fixtures replay the script (20 s) once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("encodings")
 
 
 @pytest.fixture(scope="module")

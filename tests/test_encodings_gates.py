@@ -40,6 +40,8 @@ AR_40K = "molmo2-ar-40k"
 
 # The lab's ledger holds these corrections from this entry on: the script appended them.
 CORRECTIONS_FROM = 402
+# One worker for the module: its fixture replays the script (10 s) once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("encodings-gates")
 
 
 @pytest.fixture(scope="module")

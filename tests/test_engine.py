@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +21,6 @@ from prereg.state import load_state
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = (ROOT / "tests" / "data" / "micro.toml").read_text()
-
-pytestmark = pytest.mark.xdist_group(
-    "engine"
-)  # these tests each start several torch processes: keep them on one worker
 
 
 def _cuda_available() -> bool:
@@ -244,10 +241,30 @@ def _wait_for(ledger: Path, kind: str, timeout: float = 180.0) -> None:
 
 
 LONG = MICRO.replace("steps = 6", "steps = 60").replace('items = ["P1", "P2", "P4"]', 'items = ["P1", "P4"]')
+# The tests that stop a LONG ladder share one worker, so its gate (what they do not check) runs once for them.
+ON_LONG_GATED = pytest.mark.xdist_group("engine-long")
 
 
-def test_sigterm_ends_the_rung_killed_and_the_next_run_redoes_it(tmp_path):
-    path, ledger = frozen(tmp_path, LONG)
+@pytest.fixture(scope="module")
+def long_gated(tmp_path_factory) -> Path:
+    """A ledger with LONG frozen and its oracle gate run: every oracle has its result, no rung has started."""
+    path, ledger = frozen(tmp_path_factory.mktemp("long"), LONG)
+    prereg("run", "micro", "--file", str(path), "--gate-only", ledger=ledger, check=True)
+    return ledger
+
+
+def frozen_long(tmp_path: Path, gated: Path) -> tuple[Path, Path]:
+    """LONG frozen and gated, in a copy of the shared ledger: a run of it starts at its first rung."""
+    ledger = tmp_path / "ledger.db"
+    for suffix in ("", "-wal"):
+        if gated.with_name(gated.name + suffix).exists():
+            shutil.copyfile(gated.with_name(gated.name + suffix), ledger.with_name(ledger.name + suffix))
+    return registration(tmp_path, LONG), ledger
+
+
+@ON_LONG_GATED
+def test_sigterm_ends_the_rung_killed_and_the_next_run_redoes_it(tmp_path, long_gated):
+    path, ledger = frozen_long(tmp_path, long_gated)
     process = _start_run(path, ledger)
     try:
         _wait_for(ledger, "window")
@@ -290,8 +307,9 @@ def test_a_second_run_is_refused_while_the_first_runs(tmp_path):
     assert report.ok and [r.status for r in state.runs] == ["running"]  # the refused run wrote nothing
 
 
-def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path):
-    path, ledger = frozen(tmp_path, LONG)
+@ON_LONG_GATED
+def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path, long_gated):
+    path, ledger = frozen_long(tmp_path, long_gated)
     process = _start_run(path, ledger)
     try:
         _wait_for(ledger, "window")
@@ -462,11 +480,12 @@ def _rung_processes(ladder_pid: int) -> list[int]:
     return found
 
 
-def test_a_rung_process_that_dies_under_a_living_ladder_is_ended_failed_not_rerun(tmp_path):
+@ON_LONG_GATED
+def test_a_rung_process_that_dies_under_a_living_ladder_is_ended_failed_not_rerun(tmp_path, long_gated):
     """The kernel's OOM killer, or torchrun killing a rank after another rank's failure: the rung process dies
     without ending its run. The ladder records the run failed with the exit status it saw and stops (a compare
     ladder); a resume would otherwise re-run it for ever."""
-    path, ledger = frozen(tmp_path, LONG)
+    path, ledger = frozen_long(tmp_path, long_gated)
     process = _start_run(path, ledger)
     try:
         _wait_for(ledger, "window")

@@ -25,7 +25,7 @@ from prereg.state import load_state
 from prereg.workload import ConfigError, Profile
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.xdist_group("engine")  # each rung is three processes: keep them on one worker
+pytestmark = pytest.mark.xdist_group("engine")  # two ranks a rung: one such test at a time on the two cores
 
 TWO_RANKS = """
 id = "ranks"

@@ -120,7 +120,6 @@ config = { batch = 2, backward_chunks = 1, camera_counts = [1, 2], max_crops = 1
 """
 
 
-@pytest.mark.xdist_group("engine")  # a rung process with torch: kept with the engine's tests on one worker
 def test_the_governance_cost_counts_every_window_append(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from governance_cost import governance_cost

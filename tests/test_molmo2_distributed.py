@@ -45,7 +45,7 @@ from engine.workload import Ranks, join_ranks
 
 WORLD = 2
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.xdist_group("engine")  # two processes each: keep them off the other worker's core
+pytestmark = pytest.mark.xdist_group("engine")  # two ranks each: one such test at a time on the two cores
 
 
 # ---- two gloo ranks ----

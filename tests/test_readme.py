@@ -27,8 +27,6 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 RESULTS = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-pytestmark = pytest.mark.xdist_group("engine")
-
 
 def section(text: str, heading: str) -> str:
     """The body of the `## heading…` section, up to the next `## ` heading."""

@@ -304,7 +304,6 @@ def prereg(*args: str, ledger: Path, check: bool = True) -> subprocess.Completed
     return prereg_process(*args, ledger=ledger, check=check)
 
 
-@pytest.mark.xdist_group("engine")  # starts torch processes: kept on one worker with the engine's tests
 def test_sequential_and_interleaved_ladders_of_one_question_side_by_side(tmp_path):
     ledger = tmp_path / "ledger.db"
     paths = [
