@@ -13,7 +13,6 @@ another order, so a plan other than the first is a numerics change, a ladder's q
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench.cudnn_varlen_probe import largest_joined_plan  # noqa: E402
+from bench.cudnn_varlen_probe import call_inputs, largest_joined_plan, probe_arguments  # noqa: E402
 from bench.flex_configs import timed  # noqa: E402
 from engine.molmo2.attention import cudnn as ours  # noqa: E402
-from engine.molmo2.declaration import PROFILES  # noqa: E402
 
 MODES = ("A", "B", "FALLBACK")
 
@@ -74,15 +72,7 @@ def time_plans(graph, tensors: dict, buffers: dict, outputs: tuple[str, ...], de
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--profile", default="h200-4b", choices=sorted(PROFILES))
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default="bench/results")
-    args = parser.parse_args(argv)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(PROFILES[args.profile].device)
+    args, out_dir, device = probe_arguments(argv)
     if device.type != "cuda":
         raise SystemExit(f"profile {args.profile} runs on the CPU: cuDNN's plans are CUDA kernels")
     cudnn = ours.cudnn_frontend()
@@ -98,9 +88,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for call in plan.calls:
         name = "causal (text runs)" if call.causal else "full (image runs)"
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        q = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(nk, kv_heads, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
+        q, k, v, do = call_inputs(call, text, device, g)
         layout = ours.ragged_layout(call.cu_q, call.cu_k, heads, kv_heads, d)
         o, stats = ours._forward(q, k, v, call.cu_q, call.cu_k, call.max_q, call.max_k, call.causal)
         segments = call.cu_q.shape[0] - 1

@@ -43,7 +43,9 @@ def largest_joined_plan(profile: str):
     return chunk.packing.segments.joined, runner.config.text
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def probe_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Path, torch.device]:
+    """The varlen probes' command line (--profile, --warmup, --repeats, --out): the arguments, the output folder
+    (made), and the profile's device."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", default="h200-4b", choices=sorted(PROFILES))
     parser.add_argument("--warmup", type=int, default=3)
@@ -52,7 +54,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(PROFILES[args.profile].device)
+    return args, out_dir, torch.device(PROFILES[args.profile].device)
+
+
+def call_inputs(call, text, device: torch.device, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random bf16 q [nq, heads, d], k and v [nk, kv_heads, d] and an output gradient for one varlen call at the
+    decoder's heads."""
+    nq, nk = call.queries.shape[0], call.keys.shape[0]
+    heads, kv_heads, d = text.num_heads, text.num_kv_heads, text.head_dim
+    q = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(nk, kv_heads, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
+    return q, k, v, do
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args, out_dir, device = probe_arguments(argv)
     conditions = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                   "torch": torch.__version__, "dtype": "bfloat16", "warmup": args.warmup, "repeats": args.repeats,
                   "timing": "median of CUDA-event times per call after warm-up"}  # fmt: skip
@@ -83,14 +100,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return rows
     plan, text = largest_joined_plan(args.profile)
     plan = plan.to(device)
-    heads, kv_heads, d = text.num_heads, text.num_kv_heads, text.head_dim
     g = torch.Generator(device=device).manual_seed(0)
     for call in plan.calls:
         name = "causal (text runs)" if call.causal else "full (image runs)"
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        q = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(nk, kv_heads, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
+        q, k, v, do = call_inputs(call, text, device, g)
         row = {
             "name": name,
             "segments": call.cu_q.shape[0] - 1,

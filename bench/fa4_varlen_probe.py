@@ -14,7 +14,6 @@ Each kernel compiles on its first call (not timed: the warm-up absorbs it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,24 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench.cudnn_varlen_probe import largest_joined_plan  # noqa: E402
+from bench.cudnn_varlen_probe import call_inputs, largest_joined_plan, probe_arguments  # noqa: E402
 from bench.flex_configs import timed  # noqa: E402
 from engine.molmo2.attention.segments import varlen_call  # noqa: E402
-from engine.molmo2.declaration import PROFILES  # noqa: E402
 
 KERNELS = {"fa4": {"pack_gqa": False}, "fa4-pack-gqa": {"pack_gqa": True}}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--profile", default="h200-4b", choices=sorted(PROFILES))
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default="bench/results")
-    args = parser.parse_args(argv)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(PROFILES[args.profile].device)
+    args, out_dir, device = probe_arguments(argv)
     if device.type != "cuda":
         raise SystemExit(f"profile {args.profile} runs on the CPU: cuDNN and FlashAttention are CUDA kernels")
     from importlib.metadata import version
@@ -54,7 +44,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = []
     plan, text = largest_joined_plan(args.profile)
     plan = plan.to(device)
-    heads, kv_heads, d = text.num_heads, text.num_kv_heads, text.head_dim
     g = torch.Generator(device=device).manual_seed(0)
 
     def save(row: dict) -> None:
@@ -67,9 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for call in plan.calls:
         name = "causal (text runs)" if call.causal else "full (image runs)"
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        q = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(nk, kv_heads, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(nq, heads, d, device=device, dtype=torch.bfloat16, generator=g)
+        q, k, v, do = call_inputs(call, text, device, g)
         head = {"call": name, "segments": call.cu_q.shape[0] - 1, "queries": nq, "keys": nk, "max_q": call.max_q,
                 "max_k": call.max_k}  # fmt: skip
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
