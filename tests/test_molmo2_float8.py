@@ -1,7 +1,8 @@
-"""X5 and X6, the decoder blocks' linears as float8 matmuls in training (torchao's tensorwise and rowwise recipes),
-on the tiny geometry: the twins share the base weights, the switch off is the baseline bitwise, evaluation and
-decode keep bf16, at most one recipe is on, and the items' probes pass at the bounds their registrations froze
-(torchao's float8 matmuls run on the CPU as well)."""
+"""X5, X6 and X8, decoder linears as float8 matmuls in training (torchao's tensorwise and rowwise recipes; X8 on the
+two linears that read an RMSNorm), on the tiny geometry: the twins share the base weights, each plan converts its
+linears and no other, the switch off is the baseline bitwise, evaluation and decode keep bf16, at most one plan is
+on, and the items' probes pass at the bounds their registrations froze (torchao's float8 matmuls run on the CPU as
+well)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ pytest.importorskip("torchao")
 
 X5 = Switches(fp8_decoder_linears=True)
 X6 = Switches(fp8_rowwise_decoder_linears=True)
-SWITCHES = ["fp8_decoder_linears", "fp8_rowwise_decoder_linears"]
+X8 = Switches(fp8_normed_input_linears=True)
+SWITCHES = ["fp8_decoder_linears", "fp8_rowwise_decoder_linears", "fp8_normed_input_linears"]
+ALL_FOUR = {"att_proj", "attn_out", "ff_proj", "ff_out"}
 
 
 @pytest.fixture(scope="module")
@@ -26,28 +29,39 @@ def tiny():
     return runner
 
 
-@pytest.mark.parametrize("switches, recipe", [(X5, "tensorwise"), (X6, "rowwise")])
-def test_the_twins_share_the_base_weights_and_add_no_state(tiny, switches, recipe):
+@pytest.mark.parametrize(
+    "switches, recipe, converted",
+    [(X5, "tensorwise", ALL_FOUR), (X6, "rowwise", ALL_FOUR), (X8, "tensorwise", {"att_proj", "ff_proj"})],
+)
+def test_the_twins_share_the_base_weights_and_add_no_state(tiny, switches, recipe, converted):
     model = tiny.model
     keys = set(model.state_dict())
     model.switches = switches
+    model.train()
     try:
         block = model.transformer.blocks[0]
-        for module, name in ((block.self_attn, "att_proj"), (block.self_attn, "attn_out"), (block.mlp, "ff_proj")):
-            twin = module.__dict__[f"_float8_{recipe}_{name}"]
-            assert type(twin).__name__ == "Float8Linear"
-            assert twin.weight is getattr(module, name).weight  # one Parameter: the optimizer sees it once
+        for module, name in [(block.self_attn, n) for n in ("att_proj", "attn_out")] + [
+            (block.mlp, n) for n in ("ff_proj", "ff_out")
+        ]:
+            used = module.linear(name)
+            if name in converted:
+                assert used is module.__dict__[f"_float8_{recipe}_{name}"]
+                assert type(used).__name__ == "Float8Linear"
+                assert used.weight is getattr(module, name).weight  # one Parameter: the optimizer sees it once
+            else:
+                assert used is getattr(module, name)  # a linear the plan leaves out stays the bf16 Linear
         assert set(model.state_dict()) == keys
     finally:
         model.switches = BASELINE
 
 
-def test_at_most_one_float8_recipe():
+@pytest.mark.parametrize("pair", [(0, 1), (0, 2), (1, 2)])
+def test_at_most_one_float8_plan(pair):
     with pytest.raises(ValueError, match="at most one"):
-        Switches(fp8_decoder_linears=True, fp8_rowwise_decoder_linears=True)
+        Switches(**{SWITCHES[i]: True for i in pair})
 
 
-@pytest.mark.parametrize("switches", [X5, X6])
+@pytest.mark.parametrize("switches", [X5, X6, X8])
 def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny, switches):
     model = tiny.model
     x = torch.randn(2, 16, model.config.text.hidden_size)
@@ -65,8 +79,8 @@ def test_off_is_the_baseline_and_evaluation_keeps_bf16(tiny, switches):
     assert torch.equal(mlp(x), baseline)  # flipped back without a reload: the baseline, bitwise
 
 
-# The bounds molmo2-fp8-h200 froze for X5a, X5b and X5c, and molmo2-fp8-rowwise-h200 for X6's (at the tiny
-# geometry the numbers are small; the 4B gate is what judges the item).
+# The bounds molmo2-fp8-h200 froze for X5a, X5b and X5c, and molmo2-fp8-rowwise-h200 and molmo2-fp8-normed-h200
+# carried over unchanged for X6 and X8 (at the tiny geometry the numbers are small; the 4B gate judges the item).
 @pytest.mark.parametrize("switch", SWITCHES)
 @pytest.mark.parametrize(
     "probe, kind, bounds",

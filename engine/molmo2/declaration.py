@@ -22,7 +22,9 @@ SWITCHES = {
     "fp8_decoder_linears": "X5: the decoder blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) "
     "in training mode only",
     "fp8_rowwise_decoder_linears": "X6: the decoder blocks' linears on torchao's rowwise float8 recipe (a scale per "
-    "row), training mode only; at most one of X5 and X6",
+    "row), training mode only; at most one of X5, X6 and X8",
+    "fp8_normed_input_linears": "X8: X5's recipe on only the decoder blocks' two linears that read an RMSNorm's "
+    "output (fused qkv, fused up/gate), training mode only",
     "optimizer_overlaps_vision": "X7: the optimizer step on a side stream under the next step's frozen-ViT forward "
     "(the same update, bitwise; CUDA, one process)",
 }

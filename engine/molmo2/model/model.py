@@ -124,10 +124,10 @@ class Molmo2Model(nn.Module):
     @switches.setter
     def switches(self, switches: Switches) -> None:
         self._switches = switches
-        recipe = switches.float8_recipe()
+        plan = switches.float8_plan()
         for block in self.transformer.blocks:
-            block.self_attn.set_float8(recipe)
-            block.mlp.set_float8(recipe)
+            block.self_attn.set_float8(plan)
+            block.mlp.set_float8(plan)
 
     @property
     def transformer(self) -> TextModel:
