@@ -370,20 +370,6 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
-    # ... with a float8 plan for the decoder's linears (engine/molmo2/model/float8.py), none landed: X5 (all four,
-    # tensorwise) and X6 (all four, rowwise) dropped at their curve oracles; X8 is X5's recipe on the two linears
-    # that read an RMSNorm
-    **{
-        f"packed-varlen-cudnn-one-pass-x2-x7-{item}": (
-            {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
-            (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", switch),
-        )
-        for item, switch in (
-            ("x5", "fp8_decoder_linears"),
-            ("x6", "fp8_rowwise_decoder_linears"),
-            ("x8", "fp8_normed_input_linears"),
-        )
-    },
 }
 
 

@@ -19,12 +19,12 @@ SWITCHES = {
     "pool_fp32_math": "X3 (retired: dropped by its ladder; its code left the workload): the pooling attention as "
     "fp32 arithmetic instead of fp32 SDPA, training mode only",
     "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
-    "fp8_decoder_linears": "X5: the decoder blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) "
-    "in training mode only",
-    "fp8_rowwise_decoder_linears": "X6: the decoder blocks' linears on torchao's rowwise float8 recipe (a scale per "
-    "row), training mode only; at most one of X5, X6 and X8",
-    "fp8_normed_input_linears": "X8: X5's recipe on only the decoder blocks' two linears that read an RMSNorm's "
-    "output (fused qkv, fused up/gate), training mode only",
+    "fp8_decoder_linears": "X5 (retired: dropped at its curve oracle; its code left the workload): the decoder "
+    "blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) in training mode only",
+    "fp8_rowwise_decoder_linears": "X6 (retired: dropped at its curve oracle; its code left the workload): the "
+    "decoder blocks' linears on torchao's rowwise float8 recipe (a scale per row), training mode only",
+    "fp8_normed_input_linears": "X8 (retired: dropped at its curve oracle; its code left the workload): X5's recipe "
+    "on only the decoder blocks' two linears that read an RMSNorm's output (fused qkv, fused up/gate)",
     "optimizer_overlaps_vision": "X7: the optimizer step on a side stream under the next step's frozen-ViT forward "
     "(the same update, bitwise; CUDA, one process)",
 }

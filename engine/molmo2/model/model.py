@@ -118,18 +118,6 @@ class Molmo2Model(nn.Module):
         self.switches = switches  # reassign to change rungs without reloading
 
     @property
-    def switches(self) -> Switches:
-        return self._switches
-
-    @switches.setter
-    def switches(self, switches: Switches) -> None:
-        self._switches = switches
-        plan = switches.float8_plan()
-        for block in self.transformer.blocks:
-            block.self_attn.set_float8(plan)
-            block.mlp.set_float8(plan)
-
-    @property
     def transformer(self) -> TextModel:
         return self.model.transformer
 

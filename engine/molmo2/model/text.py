@@ -13,7 +13,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.molmo2.attention.segments import Segments, attend_segments
 from engine.molmo2.model.config import Molmo2Config, TextConfig
-from engine.molmo2.model.float8 import Float8Linears
 
 # The dispatcher list the baseline pins for decoder attention (the P1 site), in this priority order. A dense mask
 # rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
@@ -123,9 +122,7 @@ class Molmo2Embedding(nn.Module):
         return torch.where(is_extension[..., None], extension_rows, base_rows)
 
 
-class Attention(Float8Linears, nn.Module):
-    FLOAT8_LINEARS = ("att_proj", "attn_out")
-
+class Attention(nn.Module):
     def __init__(self, t: TextConfig) -> None:
         super().__init__()
         self.t = t
@@ -140,7 +137,7 @@ class Attention(Float8Linears, nn.Module):
         """h: [B, S, hidden] -> q [B, heads, S, d], k and v [B, kv_heads, S, d]; q/k normed BEFORE RoPE."""
         t = self.t
         B, S, _ = h.shape
-        q, k, v = self.linear("att_proj")(h).split([t.q_width, t.kv_width, t.kv_width], dim=-1)
+        q, k, v = self.att_proj(h).split([t.q_width, t.kv_width, t.kv_width], dim=-1)
         q = self.q_norm(q.view(B, S, t.num_heads, t.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(B, S, t.num_kv_heads, t.head_dim)).transpose(1, 2)
         v = v.view(B, S, t.num_kv_heads, t.head_dim).transpose(1, 2)
@@ -148,12 +145,10 @@ class Attention(Float8Linears, nn.Module):
 
     def output(self, attn: torch.Tensor) -> torch.Tensor:
         B, _, S, _ = attn.shape
-        return self.linear("attn_out")(attn.transpose(1, 2).reshape(B, S, self.t.q_width))
+        return self.attn_out(attn.transpose(1, 2).reshape(B, S, self.t.q_width))
 
 
-class MLP(Float8Linears, nn.Module):
-    FLOAT8_LINEARS = ("ff_proj", "ff_out")
-
+class MLP(nn.Module):
     def __init__(self, t: TextConfig) -> None:
         super().__init__()
         # Fused rows [up, gate]: up FIRST, as the checkpoint stores them (the usual convention is [gate, up]).
@@ -161,8 +156,8 @@ class MLP(Float8Linears, nn.Module):
         self.ff_out = nn.Linear(t.intermediate_size, t.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = self.linear("ff_proj")(x).chunk(2, dim=-1)
-        return self.linear("ff_out")(F.silu(gate) * up)
+        up, gate = self.ff_proj(x).chunk(2, dim=-1)
+        return self.ff_out(F.silu(gate) * up)
 
 
 class DecoderBlock(nn.Module):
