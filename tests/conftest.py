@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -62,6 +63,14 @@ CLI_COLUMNS = "120"
 # of a module ended would pull a folder from under a rung the other worker is still running.
 REPORT_FOLDERS = ("cmd-*", "example-mlp-matmul", "slurm-*")
 REPORTS_BEFORE = pytest.StashKey[set[Path]]()
+# The suite's Molmo2 processes (rungs, gates, in-process runners: a hundred and more) fit the same few FAST
+# tokenizers: one directory of fits for the whole run, made here by the first process to load this file (under
+# xdist the controller, before it starts the workers, which inherit it with every process they start) and removed
+# by it at the end. Its keys cover everything a fit depends on (engine/molmo2/data/fast_cache.py).
+FAST_CACHE_VARIABLE = "PREREG_FAST_CACHE"
+FAST_CACHE_MADE_HERE = FAST_CACHE_VARIABLE not in os.environ
+if FAST_CACHE_MADE_HERE:
+    os.environ[FAST_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="prereg-fast-fits-")
 
 
 def report_folders() -> set[Path]:
@@ -90,6 +99,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if FAST_CACHE_MADE_HERE:
+        shutil.rmtree(os.environ[FAST_CACHE_VARIABLE], ignore_errors=True)
     before = session.config.stash.get(REPORTS_BEFORE, None)
     if before is None:
         return

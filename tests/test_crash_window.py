@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import prereg_process
+from conftest import Cli, prereg_process
 
 from engine.crash import crash_window
 from engine.killwatch import KillWatch
@@ -90,7 +90,7 @@ def run_micro(tmp_path: Path, monkeypatch, when: str) -> tuple[dict, Path]:
     path = tmp_path / "micro.toml"
     path.write_text(with_kill(MICRO, when, "C", "P4"))
     ledger = tmp_path / "ledger.db"
-    prereg_process("freeze", str(path), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("freeze", path)
     # C carries P4 (no_embed_clone): its third step's batch is planted with the <im_patch> mismatch
     monkeypatch.setenv(CRASH_VARIABLE, "no_embed_clone@3")
     result = prereg_process("run", "micro", "--file", str(path), "--json", ledger=ledger, check=False)
@@ -114,9 +114,9 @@ def test_a_molmo2_crash_fires_the_rc_clause_and_the_ladder_re_plans(tmp_path, mo
     assert [w["step"] for w in crashed.windows] == [2] and crashed.n_windows == 1
     summary_c, samples = summarize(crashed, 0, state.registration().declaration())
     assert "rc" not in samples and samples["s_per_step"] == [crashed.windows[0]["s_per_step"]]
-    shown = prereg_process("audit", "show", "micro", ledger=ledger, check=True).stdout
+    shown = Cli(ledger, tmp_path).ok("audit", "show", "micro").stdout
     assert "killed by K-crash at step 2 (crashed at step 2, rc 1)" in shown
-    verdict = json.loads(prereg_process("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    verdict = Cli(ledger, tmp_path).ok_json("verdict", "micro")
     assert verdict["dropped"]["P4"]["kill"] == "K-crash"
     assert next(r for r in verdict["rungs"] if r["rung"] == "C")["run"] == primed.run_id
 
@@ -198,7 +198,7 @@ def run_command(tmp_path: Path, when: str) -> tuple[dict, Path]:
     path = tmp_path / "cmd-crash.toml"
     path.write_text(with_kill(COMMAND.format(items=items), when, "B", "risky-item"))
     ledger = tmp_path / "ledger.db"
-    prereg_process("freeze", str(path), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("freeze", path)
     result = prereg_process("run", "cmd-crash", "--file", str(path), "--json", ledger=ledger, check=False)
     return json.loads(result.stdout), ledger
 
@@ -223,7 +223,7 @@ def test_without_the_rc_clause_a_script_that_exits_nonzero_fails_the_rung(tmp_pa
     assert report.ok and state.kills == []
     [crashed] = [r for r in state.runs if r.rung == "B"]
     assert crashed.status == "failed" and crashed.crash_window["rc"] == 3
-    assert "crashed at step 2, rc 3" in prereg_process("audit", "show", "cmd-crash", ledger=ledger, check=True).stdout
+    assert "crashed at step 2, rc 3" in Cli(ledger, tmp_path).ok("audit", "show", "cmd-crash").stdout
 
 
 # --- a cluster job that died without ending its run ----------------------------------------------------------------
@@ -237,7 +237,7 @@ def lost_job(tmp_path: Path, when: str):
     document = tmp_path / "micro.toml"
     document.write_text(with_kill(MICRO, when, "C", "P4"))
     ledger_path = tmp_path / "ledger.db"
-    prereg_process("freeze", str(document), ledger=ledger_path, check=True)
+    Cli(ledger_path, tmp_path).ok("freeze", document)
     ledger = Ledger.open(str(ledger_path), create=False)
     run_id = "micro-C-1"
     start = {"rung": "C", "declared_rung": "C", "items": ["P1", "P2", "P4"], "version": 1, "steps": 8}

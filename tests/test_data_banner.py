@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import prereg_process
+from conftest import Cli, prereg_process
 
 from engine.molmo2.data.rig import RigDataset
 from engine.molmo2.runner import GEOMETRIES, data_banner
@@ -30,7 +30,7 @@ def test_a_data_gate_kills_the_first_window_of_a_run_whose_data_deviate(tmp_path
     path = tmp_path / "micro.toml"
     path.write_text(MICRO + f'\n[[kill]]\nid = "K-E1"\nwhen = "{GATE}"\nrungs = ["A"]\n')
     ledger = tmp_path / "ledger.db"
-    prereg_process("freeze", str(path), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("freeze", path)
     json.loads(prereg_process("run", "micro", "--file", str(path), "--json", ledger=ledger, check=True).stdout)
     with Ledger.open(str(ledger), create=False) as store:
         state = load_state(store, "micro")

@@ -114,7 +114,7 @@ config = { batch = 2, backward_chunks = 1, camera_counts = [1], max_crops = 1 }
 
 def test_a_run_start_records_its_rungs_effective_config(tmp_path: Path):
     path, ledger = write(tmp_path, "one-rung.toml", RUN), tmp_path / "ledger.db"
-    prereg_process("freeze", str(path), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("freeze", path)
     prereg_process("run", "one-rung", "--file", str(path), ledger=ledger, check=True)
     with Ledger.open(str(ledger), create=False) as store:
         start = next(store.entries(reg_id="one-rung", kinds=("run-start",))).data

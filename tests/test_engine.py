@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import prereg_process
+from conftest import Cli, prereg_process
 
 from prereg.ledger import Ledger
 from prereg.state import load_state
@@ -33,6 +33,12 @@ def prereg(*args: str, ledger: Path, check: bool = False) -> subprocess.Complete
     return prereg_process(*args, ledger=ledger, check=check)
 
 
+def in_process(*args: str, ledger: Path) -> dict:
+    """A verb that reads or decides (freeze, verdict, audit), run in this process: only `run` needs a process of
+    its own (the engine starts rung processes and handles signals)."""
+    return Cli(ledger, ledger.parent).ok_json(*args)
+
+
 def registration(tmp_path: Path, text: str = MICRO, name: str = "micro.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -49,7 +55,7 @@ def on_cuda(text: str, profile: str) -> str:
 def frozen(tmp_path: Path, text: str = MICRO) -> tuple[Path, Path]:
     path = registration(tmp_path, text)
     ledger = tmp_path / "ledger.db"
-    prereg("freeze", str(path), ledger=ledger, check=True)
+    in_process("freeze", str(path), ledger=ledger)
     return path, ledger
 
 
@@ -97,7 +103,7 @@ def test_tiny_ladder_end_to_end(tmp_path):
     assert again["complete"]
     assert len(state_of(ledger)[0].runs) == runs_before
 
-    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    verdict = in_process("verdict", "micro", ledger=ledger)
     assert verdict["rule"] in ("faster", "not-faster")
     assert verdict["reads"]["primary"] is not None
     assert "primary" in verdict["intervals"]  # a bootstrap interval beside the value
@@ -118,7 +124,7 @@ def test_kill_line_fires_and_its_contingency_reruns_the_rung_primed(tmp_path):
     primed = [r for r in state.runs if r.rung == "C'"]
     assert len(primed) == 1 and primed[0].status == "finished" and primed[0].items == ("P2",)
     assert state.dropped()["P4"]["cause"] == "kill"
-    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    verdict = in_process("verdict", "micro", ledger=ledger)
     rung_c = next(r for r in verdict["rungs"] if r["rung"] == "C")
     assert rung_c["run"] == primed[0].run_id  # C is read from C'
     assert "P4" in verdict["park"] or "P4" not in verdict["land"]
@@ -133,7 +139,7 @@ def test_ceiling_stops_the_ladder(tmp_path):
     assert report.ok
     assert not state.runs
     assert state.ceilings and state.ceilings[0]["action"] == "stopped before the next rung"
-    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    costs = in_process("audit", "costs", ledger=ledger)
     assert costs["registrations"][0]["overrun"] is True  # the gate's overrun is shown, never hidden
 
 
@@ -152,7 +158,7 @@ def test_on_ceiling_continue_runs_every_rung_and_records_each_overrun(tmp_path):
     assert all(
         c["action"] == "continuing; the overrun is recorded" and c["on_ceiling"] == "continue" for c in state.ceilings
     )
-    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    costs = in_process("audit", "costs", ledger=ledger)
     assert costs["registrations"][0]["overrun"] is True
 
 
@@ -194,7 +200,7 @@ def test_a_rung_that_outlasts_the_ceiling_ends_over_ceiling_at_its_first_window(
     assert run.status == "over-ceiling" and run.ended_by == {"ceiling": True}
     assert run.totals["steps"] == 2  # the deadline is checked after each window: the first one ends it
     assert summary["stopped"] == "ceiling" and not summary["complete"]  # even though it was the ladder's last rung
-    costs = json.loads(prereg("audit", "costs", "--json", ledger=ledger, check=True).stdout)
+    costs = in_process("audit", "costs", ledger=ledger)
     assert costs["registrations"][0]["overrun"] is True
 
 
@@ -320,7 +326,7 @@ def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path, lo
     assert report.ok  # every append was all-or-nothing
     assert [r.status for r in state.runs] == ["running"]
     # Decided now, the killed run's windows count for nothing: no partial window reaches a read.
-    early = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    early = in_process("verdict", "micro", ledger=ledger)
     assert next(r for r in early["rungs"] if r["rung"] == "A")["windows"] == 0
     assert early["reads"]["primary"] is None and early["outcome"] is None
 
@@ -329,7 +335,7 @@ def test_sigkill_leaves_an_interrupted_run_that_the_next_run_redoes(tmp_path, lo
     state, report = state_of(ledger)
     assert report.ok
     assert [r.status for r in state.runs if r.rung == "A"] == ["interrupted", "finished"]
-    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    verdict = in_process("verdict", "micro", ledger=ledger)
     rung_a = next(r for r in verdict["rungs"] if r["rung"] == "A")
     assert rung_a["windows"] == 29  # the finished run's 30 windows less the discarded first; nothing partial merged
     assert rung_a["run"] == [r for r in state.runs if r.rung == "A"][-1].run_id
@@ -386,16 +392,10 @@ rungs = ["R1"]
 )
 
 
-@pytest.mark.parametrize(
-    "pass_rule",
-    [
-        "rc == 0 and steps >= 6",
-        # a window metric in the rule: the ladder must judge with the windows, as the verdict does (the H200 F1
-        # ladder ran its rung8 after rung7 had passed `vram_peak_gib <= 125`: the ladder judged without windows)
-        "rc == 0 and steps >= 6 and loss < 1e9",
-    ],
-)
-def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path, pass_rule):
+def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path):
+    # A window metric in the rule beside the totals: the ladder must judge with the windows, as the verdict does
+    # (the H200 F1 ladder ran its rung8 after rung7 had passed `vram_peak_gib <= 125`: it judged without windows).
+    pass_rule = "rc == 0 and steps >= 6 and loss < 1e9"
     path, ledger = frozen(
         tmp_path, UNTIL_PASS.replace('pass_rule = "rc == 0 and steps >= 6"', f'pass_rule = "{pass_rule}"')
     )
@@ -404,7 +404,7 @@ def test_until_pass_ladder_stops_at_the_first_rung_that_passes(tmp_path, pass_ru
     state, report = state_of(ledger)
     assert report.ok
     assert [(r.rung, r.status) for r in state.runs] == [("R1", "killed"), ("R2", "finished")]  # R3 never runs
-    verdict = json.loads(prereg("verdict", "micro", "--json", ledger=ledger, check=True).stdout)
+    verdict = in_process("verdict", "micro", ledger=ledger)
     assert verdict["until_pass"]["passed"] == "R2"
     assert (
         verdict["until_pass"]["rejected"][0]["rung"] == "R1"
@@ -460,8 +460,8 @@ def test_an_interleaved_ladder_whose_rungs_set_their_own_config_is_refused_at_va
         '  id = "B"\n', '  id = "B"\n  config = { batch = 1 }\n'
     )
     path = registration(tmp_path, text)
-    result = prereg("check", str(path), ledger=tmp_path / "ledger.db")
-    assert result.returncode == 2
+    result = Cli(tmp_path / "ledger.db", tmp_path).on_ledger("check", str(path))
+    assert result.exit_code == 2
     assert "interleaved" in result.stderr and "['B']" in result.stderr
     assert not (tmp_path / "ledger.db").exists()
 

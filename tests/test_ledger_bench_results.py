@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, prereg_process, write
+from conftest import REPO, Cli, prereg_process, write
 
 from prereg.ledger import Ledger
 
@@ -126,7 +126,7 @@ def test_the_governance_cost_counts_every_window_append(tmp_path: Path) -> None:
 
     ledger = tmp_path / "ledger.db"
     registration = write(tmp_path, "governance-cost.toml", TWO_RUNGS_INTERLEAVED)
-    prereg_process("freeze", str(registration), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("freeze", registration)
     prereg_process("run", "governance-cost", "--file", str(registration), ledger=ledger, check=True)
     store = Ledger.open(str(ledger), create=False)
     try:

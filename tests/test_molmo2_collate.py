@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models
 
 from engine.molmo2.data.collate import Collator, make_fast_tokenizer, token_counts
 from engine.molmo2.data.fast import FastDecodeError
+from engine.molmo2.data.fast_cache import CACHE_VARIABLE, fit_dependencies, fit_key, imported_modules
 from engine.molmo2.data.processor import ImageGeometry
 from engine.molmo2.data.prompt import (
     IMAGE_SPECIAL_OFFSETS,
@@ -257,6 +258,70 @@ def test_fast_cache(tmp_path):
     assert make_fast_tokenizer(1, 200, path, scale=2.0, vocab_size=48) == fitted
     with pytest.raises(ValueError, match="fitted on"):
         make_fast_tokenizer(2, 200, path, scale=2.0, vocab_size=48)
+
+
+# --- the cache of fits shared between processes (engine/molmo2/data/fast_cache.py) ------------------------------
+
+FIT_ARGUMENTS = dict(seed=0, n_chunks=2000, chunk_len=30, action_dim=6, fps=30, scale=2.0, vocab_size=48)
+
+
+def test_the_fit_key_covers_the_code_the_fit_runs():
+    sources, versions = fit_dependencies()
+    data = "engine.molmo2.data."
+    assert {f"{data}collate", f"{data}rig", f"{data}rig_render", f"{data}fast", "engine.molmo2.data"} <= set(sources)
+    assert "engine.molmo2.attention.cudnn" in sources  # imported inside a function (segments.py): followed too
+    assert {"python", "numpy", "tokenizers", "torch"} <= set(versions)
+
+
+def test_a_change_to_anything_a_fit_depends_on_gives_a_new_key():
+    sources, versions = fit_dependencies()
+    key = fit_key(FIT_ARGUMENTS, sources, versions)
+    assert fit_key(dict(FIT_ARGUMENTS), dict(sources), dict(versions)) == key
+    keys = [fit_key({**FIT_ARGUMENTS, name: value + 1}, sources, versions) for name, value in FIT_ARGUMENTS.items()]
+    keys += [fit_key(FIT_ARGUMENTS, {**sources, name: code + b"\n#"}, versions) for name, code in sources.items()]
+    keys += [fit_key(FIT_ARGUMENTS, sources, {**versions, name: f"{v}.post1"}) for name, v in versions.items()]
+    keys.append(fit_key(FIT_ARGUMENTS, {**sources, "engine.molmo2.data.new": b"x = 1"}, versions))  # a new import
+    assert len(set(keys)) == len(keys) and key not in keys
+
+
+def test_the_imports_followed_are_every_import_statement_absolute():
+    source = """import numpy as np, json
+from . import rig
+from ..model.batch import IGNORE_INDEX  # a comment
+from engine.molmo2.data.prompt import (
+    ByteTokenizer,  # fmt: skip
+    TokenLayout as Layout,
+)
+def f():
+    from engine.molmo2.attention import cudnn
+"""
+    assert imported_modules(source, "engine.molmo2.data.collate", is_package=False) == {
+        *("numpy", "json", "engine.molmo2.data", "engine.molmo2.data.rig"),
+        *("engine.molmo2.model.batch", "engine.molmo2.model.batch.IGNORE_INDEX"),
+        *("engine.molmo2.data.prompt", "engine.molmo2.data.prompt.ByteTokenizer"),
+        *("engine.molmo2.data.prompt.TokenLayout", "engine.molmo2.attention", "engine.molmo2.attention.cudnn"),
+    }
+    assert imported_modules("from .attention import packing", "engine.molmo2", is_package=True) == {
+        "engine.molmo2.attention",
+        "engine.molmo2.attention.packing",
+    }
+
+
+def test_the_cache_serves_the_fit_it_would_compute(tmp_path, monkeypatch):
+    from engine.molmo2.data.fast import FastTokenizer
+
+    fits = tmp_path / "fits"
+    monkeypatch.setenv(CACHE_VARIABLE, str(fits))
+    first = make_fast_tokenizer(3, 200, scale=2.0, vocab_size=48)
+    [saved] = fits.iterdir()
+    with monkeypatch.context() as patched:  # the second call loads: it could not fit
+        patched.setattr(FastTokenizer, "fit", lambda *a, **k: pytest.fail("fitted again"))
+        assert make_fast_tokenizer(3, 200, scale=2.0, vocab_size=48) == first
+    make_fast_tokenizer(4, 200, scale=2.0, vocab_size=48)
+    assert len(list(fits.iterdir())) == 2  # other arguments, another key
+    monkeypatch.delenv(CACHE_VARIABLE)
+    assert make_fast_tokenizer(3, 200, scale=2.0, vocab_size=48) == first  # what a fresh fit gives
+    assert FastTokenizer.load(saved) == first
 
 
 def test_4b_batch_of_12_prefix_size(capsys):

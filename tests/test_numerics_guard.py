@@ -15,7 +15,6 @@ from conftest import (
     Cli,
     lab_ledger_copy,
     ledger_fingerprint,
-    prereg_process,
     write,
 )
 
@@ -80,13 +79,13 @@ def test_the_bundled_documents_the_rule_refuses_were_frozen_before_it_and_check_
         assert refused == UNGUARDED_BEFORE_THE_NUMERICS_RULE and refused <= set(lab.reg_ids())
         seq = next(iter(lab.entries(reg_id="throughput-compile-2b", kinds=("freeze",)))).seq
     before = ledger_fingerprint(ledger)
-    result = prereg_process("check", "registrations/throughput-compile-2b.toml", ledger=ledger, check=True)
-    shown = " ".join(result.stdout.split())
+    document = REGISTRATIONS / "throughput-compile-2b.toml"
+    shown = " ".join(Cli(ledger, tmp_path).ok("check", document).stdout.split())
     assert f"frozen at entry {seq} before the numerics-guard rule; a new freeze would be refused" in shown
     assert ledger_fingerprint(ledger) == before
     fresh = tmp_path / "fresh.db"
-    refusal = prereg_process("freeze", "registrations/throughput-compile-2b.toml", ledger=fresh, check=False)
-    assert refusal.returncode == 2 and "differ in compile" in refusal.stderr and not fresh.exists()
+    refusal = Cli(fresh, tmp_path).on_ledger("freeze", document)
+    assert refusal.exit_code == 2 and "differ in compile" in refusal.stderr and not fresh.exists()
 
 
 COMMAND = """

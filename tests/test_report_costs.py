@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from conftest import MINI, ledger_fingerprint, prereg_process, write
+from conftest import MINI, Cli, ledger_fingerprint, prereg_process, write
 
 from engine.report.costs import compare_schedules, same_question
 from prereg import actions
@@ -300,28 +299,23 @@ def test_a_number_the_split_needs_and_the_ledger_lacks_is_reported_missing(tmp_p
 # --- two schedules of one question ------------------------------------------------------------------------------
 
 
-def prereg(*args: str, ledger: Path, check: bool = True) -> subprocess.CompletedProcess:
-    return prereg_process(*args, ledger=ledger, check=check)
-
-
 def test_sequential_and_interleaved_ladders_of_one_question_side_by_side(tmp_path):
     ledger = tmp_path / "ledger.db"
+    cli = Cli(ledger, tmp_path)  # the verbs that read; only `run` needs a process of its own
     paths = [
         write(tmp_path, "micro.toml", MICRO),
         write(tmp_path, "micro-interleaved.toml", interleaved(MICRO, "micro-interleaved")),
     ]
     for path, reg_id in zip(paths, ("micro", "micro-interleaved")):
-        prereg("freeze", str(path), ledger=ledger)
+        cli.ok("freeze", path)
         if reg_id == "micro-interleaved":  # the twin has not run yet: not comparable, and no saving is claimed
-            prereg("report", "micro", "--compare", reg_id, "--out", str(tmp_path / "early"), ledger=ledger)
+            cli.ok("report", "micro", "--compare", reg_id, "--out", tmp_path / "early")
             early = (tmp_path / "early" / "report.md").read_text()
             assert "**Not comparable yet**" in early and "device-seconds less" not in early
-        prereg("run", reg_id, "--file", str(path), ledger=ledger)
+        prereg_process("run", reg_id, "--file", str(path), ledger=ledger, check=True)
     before = ledger_fingerprint(ledger)
     out = tmp_path / "report"
-    result = json.loads(
-        prereg("report", "micro", "--compare", "micro-interleaved", "--out", str(out), "--json", ledger=ledger).stdout
-    )
+    result = cli.ok_json("report", "micro", "--compare", "micro-interleaved", "--out", out)
     assert ledger_fingerprint(ledger) == before  # a report reads; the verdicts it shows are computed, not recorded
     sequential, interleaved_side = result["compare"]["sides"]
     assert (sequential["schedule"], interleaved_side["schedule"]) == ("sequential", "interleaved")

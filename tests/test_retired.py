@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import MINI, Cli, lab_ledger_copy, ledger_fingerprint, prereg_process, write
+from conftest import MINI, REGISTRATIONS, Cli, lab_ledger_copy, ledger_fingerprint, prereg_process, write
 
 from engine.molmo2.declaration import PROFILES
 from engine.molmo2.run_config import RETIRED, resolve
@@ -72,13 +72,13 @@ def test_each_retired_option_names_the_verdict_that_retired_it(lab: Ledger):
 def test_a_document_frozen_with_a_retired_option_checks_with_a_note(tmp_path: Path, reg_id: str, uses: list[str]):
     ledger = lab_ledger_copy(tmp_path / "ledger.db")
     before = ledger_fingerprint(ledger)
-    result = prereg_process("check", f"registrations/{reg_id}.toml", ledger=ledger, check=True)
-    shown = " ".join(result.stdout.split())  # as read, whatever the terminal's wrapping
+    cli = Cli(ledger, tmp_path)
+    shown = " ".join(cli.ok("check", REGISTRATIONS / f"{reg_id}.toml").stdout.split())  # whatever the wrapping
     for use in uses:
         assert f"uses retired option {use}" in shown
     assert "a new freeze would be refused" in shown
     assert ledger_fingerprint(ledger) == before
-    assert prereg_process("audit", "show", reg_id, ledger=ledger, check=True).returncode == 0
+    cli.ok("audit", "show", reg_id)
     assert ledger_fingerprint(ledger) == before
 
 
@@ -153,7 +153,7 @@ def test_an_amendment_of_a_document_frozen_with_one_keeps_it(tmp_path: Path):
     ledger = lab_ledger_copy(tmp_path / "ledger.db")
     rung9 = '[[add.protocol.rungs]]\nid = "rung9"\nconfig = { backward_chunks = 4 }\n'
     amendment = write(tmp_path, "amend.toml", f'reason = "a ninth rung"\n{rung9}')
-    prereg_process("amend", "molmo2-ar-40k-f1", str(amendment), ledger=ledger, check=True)
+    Cli(ledger, tmp_path).ok("amend", "molmo2-ar-40k-f1", amendment)
     with Ledger.open(str(ledger), create=False) as store:
         amended = [e.data for e in store.entries(reg_id="molmo2-ar-40k-f1", kinds=("amend",))][-1]
     assert amended["effective_config"]["rungs"]["rung9"]["fps"] == 30

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from engine.molmo2.data.fast import FastTokenizer
+from engine.molmo2.data.fast_cache import cached_fit
 from engine.molmo2.data.processor import ImageGeometry, ProcessedImage, batch_images, image_token_ids, process_image
 from engine.molmo2.data.prompt import TextTokenizer, TokenLayout, assemble_prompt, assemble_suffix
 from engine.molmo2.data.rig import STATE_DIM, RigDataset, RigSample
@@ -201,7 +202,8 @@ def make_fast_tokenizer(
     Two constant chunks at -1 and +1 join the fit: rig actions lie in [-1, 1], and an orthonormal DCT keeps
     every coefficient within sqrt(T) * max|action|, which those two chunks reach — so any rig chunk (train or
     eval split) is inside the fitted range. With `cache_path`, an existing file is loaded (it must record a fit
-    with these arguments), else the fit is saved there."""
+    with these arguments), else the fit is saved there. With PREREG_FAST_CACHE set, fits are shared through that
+    directory under a key of everything they depend on (fast_cache.py)."""
     fitted_on = (f"rig train split: seed={seed} n_chunks={n_chunks} chunk_len={chunk_len} action_dim={action_dim} "
                  f"fps={fps} + constant -1/+1 chunks; scale={scale} vocab_size={vocab_size}")  # fmt: skip
     if cache_path is not None and Path(cache_path).is_file():
@@ -212,11 +214,17 @@ def make_fast_tokenizer(
                 "it or pick another path"
             )
         return cached
-    dataset = RigDataset(seed, n_chunks, chunk_len=chunk_len, action_dim=action_dim, fps=fps)
-    chunks = np.stack([dataset.action_chunk(i) for i in range(n_chunks)])
-    bounds = np.stack([np.full((chunk_len, action_dim), v) for v in (-1.0, 1.0)])
-    tokenizer = FastTokenizer.fit(np.concatenate([chunks, bounds]), scale=scale, vocab_size=vocab_size,
-                                  fitted_on=fitted_on)  # fmt: skip
+
+    def fit() -> FastTokenizer:
+        dataset = RigDataset(seed, n_chunks, chunk_len=chunk_len, action_dim=action_dim, fps=fps)
+        chunks = np.stack([dataset.action_chunk(i) for i in range(n_chunks)])
+        bounds = np.stack([np.full((chunk_len, action_dim), v) for v in (-1.0, 1.0)])
+        return FastTokenizer.fit(np.concatenate([chunks, bounds]), scale=scale, vocab_size=vocab_size,
+                                 fitted_on=fitted_on)  # fmt: skip
+
+    arguments = {"seed": seed, "n_chunks": n_chunks, "chunk_len": chunk_len, "action_dim": action_dim, "fps": fps,
+                 "scale": scale, "vocab_size": vocab_size}  # fmt: skip
+    tokenizer = cached_fit(arguments, fit, FastTokenizer.load)
     if cache_path is not None:
         tokenizer.save(cache_path)
     return tokenizer
