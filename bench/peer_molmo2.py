@@ -370,6 +370,11 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
+    # ... with inductor's coordinate-descent tuning of every compiled Triton kernel (compile_tuning): not landed
+    "packed-varlen-cudnn-one-pass-x2-x7-cdt": (
+        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn", "compile_tuning": "coordinate-descent"},
+        (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
+    ),
 }
 
 

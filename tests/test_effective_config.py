@@ -161,11 +161,12 @@ def meant(raw: dict, geometry: str) -> dict:
     """The effective config a raw run-start config meant to the runner of its day, in the typed config's terms:
     options of packing are null when a rung did not pack (the runner never consulted them); the wrapper option is
     true when allreduce ran with it unset, null without allreduce; no baseline switches; the FAST block the
-    geometry built (1,024 ids at 4b, 48 tiny)."""
+    geometry built (1,024 ids at 4b, 48 tiny); inductor's default kernel sizing where it compiled."""
     fast = {"fast_vocab_size": {"4b": 1024, "tiny": 48}[geometry]}
     config = {**RUNNER_GET_DEFAULTS, **UNSET_MEANT_NOTHING, **fast, **raw, "baseline_switches": []}
     if not config["pack"]:
         config["pack_attention"] = config["pack_one_pass"] = None
+    config["compile_tuning"] = "default" if config["compile"] else None  # inductor's heuristics, all there was
     if config["chunk_grad_allreduce"]:
         config["ddp_wrapper"] = config["ddp_wrapper"] is not False
     else:
@@ -207,8 +208,10 @@ def test_every_run_of_the_lab_resolves_to_the_config_it_ran_with(lab: Ledger):
             effective = reg.effective_config(rung).model_dump(mode="json")
             geometry = reg.declaration().profiles[reg.profile].geometry
             if "effective_config" in data:  # recorded by the run itself: only keys added since are resolved anew
-                fast = {"fast_vocab_size": {"4b": 1024, "tiny": 48}[geometry]}
-                assert effective == {**fast, **data["effective_config"]}, (reg_id, rung)
+                recorded = data["effective_config"]
+                added = {"fast_vocab_size": {"4b": 1024, "tiny": 48}[geometry],
+                         "compile_tuning": "default" if recorded["compile"] else None}  # fmt: skip
+                assert effective == {**added, **recorded}, (reg_id, rung)
             else:
                 assert effective == meant(data["config"], geometry), (reg_id, rung)
             checked += 1

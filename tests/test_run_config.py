@@ -41,6 +41,12 @@ RULE_CASES = {
     "_gradient_sync_fits_the_processes": (CPU, {"zero1": True}, "zero1", "needs several processes"),
     "_flex_needs_cuda": (CPU, {"prefix_attention": "flex"}, "prefix_attention", "needs CUDA"),
     "_memory_snapshot_needs_cuda": (CPU, {"memory_snapshot": True}, "memory_snapshot", "needs CUDA"),
+    "_compile_tuning_needs_compile": (
+        CPU,
+        {"compile_tuning": "coordinate-descent"},
+        "compile_tuning",
+        "needs compile = true",
+    ),
     "_compile_dynamic_needs_compile": (CPU, {"compile_dynamic": True}, "compile_dynamic", "needs compile = true"),
     "_pack_multiple_needs_pack": (CPU, {"pack_multiple": 16}, "pack_multiple", "needs pack = true"),
     "_clip_in_adamw_needs_the_fused_adamw": (
@@ -231,6 +237,7 @@ def test_the_unrecorded_defaults_are_the_runners_former_defaults():
         **{"batch": 12, "backward_chunks": 1, "camera_counts": (1, 2), "max_crops": 1, "lr": 1e-4},
         **{"backbone_text_lr": 2e-5, "grad_clip": 100.0, "warmup": 0, "zero1": False, "ddp": False},
         **{"chunk_grad_allreduce": False, "ddp_wrapper": True, "memory_snapshot": False, "compile": False},
+        "compile_tuning": "default",  # inductor's heuristics: the only sizing before the key
         **{"bucket_by_length": False, "chunk_by_cameras": False, "pack": False, "pack_attention": "packed"},
         **{"pack_one_pass": False, "prefix_attention": "sdpa", "suffix_attention": "sdpa", "baseline_switches": ()},
         **{"pack_multiple": None, "compile_dynamic": None, "fps": None, "truncate_layers": None},
@@ -439,3 +446,16 @@ def test_a_rungs_switches_are_the_baseline_and_its_items(tmp_path: Path):
     runner = make_runner(batch=2, baseline_switches=["no_embed_clone"])
     assert runner.switches.on() == ("no_embed_clone",)
     assert runner.with_switches(["windowed_vram_peak"]).on() == ("windowed_vram_peak", "no_embed_clone")
+
+
+def test_compile_tuning_reaches_inductor_only_where_it_is_asked_for():
+    from engine.molmo2.attention.execution import Execution
+
+    tuned = Execution.of(resolve(H200, {"compile_tuning": "coordinate-descent"}))
+    assert tuned.compile_options() == {"coordinate_descent_tuning": True}
+    assert Execution.of(resolve(H200, {})).compile_options() == {}  # the landed path: inductor's heuristics
+    assert resolve(H200, {}).compile_tuning == "default"
+    assert resolve(CPU, {}).compile_tuning is None  # nothing compiles: the key does not apply
+    with pytest.raises(ConfigError) as refused:
+        resolve(H200, {"compile_tuning": "max-autotune"})
+    assert refused.value.key == "compile_tuning" and "'coordinate-descent'" in refused.value.message

@@ -3,8 +3,8 @@ between keys, checked when a document is validated (`prereg check`, `prereg free
 model load on a GPU. Torch-free (pydantic only): prereg validates documents without torch.
 
 A key that applies only with another is unset (null) without it: `pack_attention` and `pack_one_pass` without
-`pack`, `ddp_wrapper` without `chunk_grad_allreduce`. A document that sets one without the other is refused; a
-default of one is dropped when the document turns the other off.
+`pack`, `ddp_wrapper` without `chunk_grad_allreduce`, `compile_tuning` without `compile`. A document that sets one
+without the other is refused; a default of one is dropped when the document turns the other off.
 
 Three tables of defaults: a new freeze resolves with `defaults(profile)` and records that table, so a later change
 of a default leaves its meaning alone; a document frozen before freezes recorded their defaults resolves with
@@ -36,10 +36,16 @@ SWITCH_NAMES = tuple(f.name for f in fields(Switches)) + tuple(RETIRED_SWITCHES)
 CAMERA_COUNTS = (1, 2)  # the rig's camera kinds, front and side (data/rig.py CAMERA_KINDS)
 AttentionKernel = Literal["sdpa", "flex"]
 PackAttention = Literal["packed", "rows", "varlen", "varlen-cudnn", "varlen-fa4"]
+CompileTuning = Literal["default", "coordinate-descent"]
 PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 # A key that applies only when another is on -> that other key.
-APPLIES_ONLY_WITH = {"pack_attention": "pack", "pack_one_pass": "pack", "ddp_wrapper": "chunk_grad_allreduce"}
+APPLIES_ONLY_WITH = {
+    "pack_attention": "pack",
+    "pack_one_pass": "pack",
+    "ddp_wrapper": "chunk_grad_allreduce",
+    "compile_tuning": "compile",
+}
 
 
 class Molmo2RunConfig(RunConfig):
@@ -82,6 +88,15 @@ class Molmo2RunConfig(RunConfig):
     ]
     compile: Annotated[
         bool, CHANGES_NUMERICS, Field(description="torch.compile the decoder layers (and the frozen vision tower)")
+    ]
+    compile_tuning: Annotated[
+        CompileTuning | None,
+        CHANGES_NUMERICS,
+        Field(
+            description="with compile: how inductor sizes its Triton kernels: 'default' (its heuristics) or "
+            "'coordinate-descent' (each kernel's block sizes and warps tuned by timing it while compiling; a "
+            "reduction's order can move with them); null without compile"
+        ),
     ]
     bucket_by_length: Annotated[
         bool,
@@ -207,6 +222,19 @@ def _packing_options_need_pack(c: Molmo2RunConfig, profile: Profile) -> None:
             raise ConfigConflict((key, "pack"), f"pack = true needs {key}; set it (see the run config's description)")
 
 
+def _compile_tuning_needs_compile(c: Molmo2RunConfig, profile: Profile) -> None:
+    """compile_tuning says how the compiled blocks' kernels are sized: it means nothing eager."""
+    if not c.compile and c.compile_tuning is not None:
+        raise ConfigConflict(
+            ("compile_tuning", "compile"),
+            f"compile_tuning = {c.compile_tuning!r} needs compile = true (it sizes the compiled blocks' kernels); "
+            "fix: set compile = true, or remove compile_tuning",
+        )
+    if c.compile and c.compile_tuning is None:
+        raise ConfigConflict(("compile_tuning", "compile"), "compile = true needs compile_tuning = 'default' or "
+                             "'coordinate-descent'")  # fmt: skip
+
+
 def _ddp_wrapper_needs_allreduce(c: Molmo2RunConfig, profile: Profile) -> None:
     """ddp_wrapper chooses between the two explicit-allreduce modes (seed 003's rungs 6 and 8)."""
     if not c.chunk_grad_allreduce and c.ddp_wrapper is not None:
@@ -309,6 +337,7 @@ def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> Non
 CROSS_KEY_RULES = (
     _batch_splits_into_chunks,
     _packing_options_need_pack,
+    _compile_tuning_needs_compile,
     _ddp_wrapper_needs_allreduce,
     _gradient_sync_fits_the_processes,
     _flex_needs_cuda,
@@ -345,6 +374,7 @@ UNRECORDED_DEFAULTS: dict[str, Any] = {
     "ddp_wrapper": True,
     "memory_snapshot": False,
     "compile": False,
+    "compile_tuning": "default",  # inductor's own heuristics: the only way the code compiled before the key
     "bucket_by_length": False,
     "chunk_by_cameras": False,
     "pack": False,

@@ -13,6 +13,9 @@ the function. Each path's parity with the baseline's eager dense-SDPA path is a 
 - compile: each decoder block, and the frozen vision tower, wrapped in torch.compile with specialised shapes. The
   blocks share one code object, so one graph per input shape serves them all; the norms, RoPE, SwiGLU and residual
   adds fuse. Each new shape compiles once, so compiled runs pad to few shapes (engine/molmo2/runner.py).
+- compile_tuning (with compile): "default" sizes each Triton kernel by inductor's heuristics; "coordinate-descent"
+  times each kernel's neighbouring block sizes and warp counts while compiling and keeps the fastest. Pointwise
+  kernels compute the same values either way; a reduction's order can move with its block size.
 - pack_attention (with pack, packing.py): where a packed chunk attends. "packed": on the packed row, under masks
   that keep each sample to itself (dense for SDPA, block masks under prefix_attention = "flex"). "varlen": the
   packed row cut into segments, one per run of text or image tokens of a sample (segments.py), on
@@ -41,6 +44,7 @@ class Execution:
 
     prefix_attention: str = "sdpa"
     compile: bool = False
+    compile_tuning: str = "default"  # consulted when compile is on
     pack_attention: str = "packed"  # consulted for packed chunks only
     pack_one_pass: bool = False
 
@@ -49,7 +53,12 @@ class Execution:
         packing = (
             {} if not config.pack else {"pack_attention": config.pack_attention, "pack_one_pass": config.pack_one_pass}
         )
-        return cls(config.prefix_attention, config.compile, **packing)
+        tuning = {} if not config.compile else {"compile_tuning": config.compile_tuning}
+        return cls(config.prefix_attention, config.compile, **tuning, **packing)
+
+    def compile_options(self) -> dict[str, bool]:
+        """inductor's options for the compiled blocks and tower."""
+        return {"coordinate_descent_tuning": True} if self.compile_tuning == "coordinate-descent" else {}
 
 
 EAGER = Execution()

@@ -128,8 +128,12 @@ class Molmo2Model(nn.Module):
             # Specialised shapes (dynamic=False) with room for every (chunk, prefix/suffix) shape of a pool: past
             # the default limit of 8 Dynamo would silently run the block eagerly.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._compiled_blocks = [torch.compile(block, dynamic=False) for block in self.transformer.blocks]
-            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False)
+            options = execution.compile_options()
+            self._compiled_blocks = [
+                torch.compile(block, dynamic=False, options=options) for block in self.transformer.blocks
+            ]
+            self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False,
+                                                              options=options)  # fmt: skip
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone

@@ -1,0 +1,105 @@
+"""bench/step_timeline.py's reading of a profiler trace, on a trace written by hand: every figure it reports is
+checked against the intervals it was given, so a wrong union, a gap missed at a window's edge or a kernel counted
+in the wrong step fails here."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+from step_timeline import analyse, kind_of, union_ms  # noqa: E402
+
+MAIN, SIDE = 7, 21
+
+
+def kernel(name: str, ts: float, dur: float, stream: int = MAIN, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, "device": 0}}
+
+
+def step(index: int, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": f"step {index}", "ts": ts, "dur": dur}
+
+
+def test_union_merges_overlaps_and_keeps_disjoint_intervals():
+    assert union_ms([(0, 1000), (500, 1500), (3000, 4000)]) == 2.5
+    assert union_ms([(0, 1000), (200, 300)]) == 1.0
+    assert union_ms([]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "cat", "kind"),
+    [
+        ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "kernel", "gemm"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "kernel", "attention"),
+        ("void cudnn::fusion::fmha_reduce_head_ragged<true>(void const*)", "kernel", "attention"),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamWMathFunctor>", "kernel", "optimizer"),
+        ("triton_poi_fused__unsafe_view_cat_mul_silu_silu_backward_split_view_2", "kernel", "triton"),
+        ("void at::native::elementwise_kernel<128, 4>", "kernel", "aten"),
+        ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", "memcpy"),
+        ("Memset (Device)", "gpu_memset", "memset"),
+        ("some_vendor_kernel", "kernel", "other"),
+    ],
+)
+def test_kernels_are_named_by_kind(name, cat, kind):
+    assert kind_of({"name": name, "cat": cat}) == kind
+
+
+def test_a_step_window_gives_busy_idle_overlap_and_the_main_streams_gaps():
+    # step 0: [0, 10,000) µs. Main stream: gemm [500, 4,500), triton [4,600, 5,000), attention [6,000, 9,000).
+    # Side stream: the optimizer [3,000, 7,000) (overlapping both main kernels and the gap between them).
+    # step 1: [10,000, 12,000) with one gemm [10,000, 11,900); a side kernel starting in step 0 and running into
+    # step 1 counts in each step only for the part inside it.
+    events = [
+        step(0, 0, 10_000),
+        step(1, 10_000, 2_000),
+        kernel("nvjet_gemm_a", 500, 4_000),
+        kernel("triton_poi_fused_add", 4_600, 400),
+        kernel("cudnn_sdpa_fprop", 6_000, 3_000),
+        kernel("multi_tensor_apply_kernel<Adam>", 3_000, 4_000, SIDE),
+        kernel("multi_tensor_apply_kernel<Adam>", 9_500, 1_000, SIDE),
+        kernel("nvjet_gemm_b", 10_000, 1_900),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},  # host ops are not device time
+    ]
+    result = analyse(events, gap_floor_us=50, top=5)
+    assert result["main_stream"] == MAIN
+    first, second = result["per_step"]
+    assert first["wall_ms"] == 10.0
+    # union: [500, 9,000) minus main's gap [5,000, 6,000) covered by the side stream, plus [9,500, 10,000)
+    assert first["device_busy_ms"] == pytest.approx(8.5 + 0.5)
+    assert first["device_idle_ms"] == pytest.approx(1.0)
+    # side [3,000, 7,000) over main's [3,000, 4,500) and [4,600, 5,000) and [6,000, 7,000)
+    assert first["overlap_ms"] == pytest.approx(1.5 + 0.4 + 1.0)
+    assert first["streams"][str(MAIN)]["kinds_ms"] == {"attention": 3.0, "gemm": 4.0, "triton": 0.4}
+    assert first["streams"][str(SIDE)]["kinds_ms"] == {"optimizer": 4.5}
+    gaps = {(g["after"], g["before"]): g["ms"] for g in first["largest_gaps"]}
+    assert gaps == {
+        ("(step start)", "nvjet_gemm_a"): 0.5,
+        ("nvjet_gemm_a", "triton_poi_fused_add"): 0.1,
+        ("triton_poi_fused_add", "cudnn_sdpa_fprop"): 1.0,
+        ("cudnn_sdpa_fprop", "(step end)"): 1.0,
+    }
+    assert first["main_stream_gaps_ms"] == pytest.approx(2.6)
+    # step 1: the side kernel's tail [10,000, 10,500) overlaps the gemm; the main stream idles its last 0.1 ms
+    assert second["device_busy_ms"] == pytest.approx(1.9)
+    assert second["streams"][str(SIDE)]["kinds_ms"] == {"optimizer": 0.5}
+    assert second["overlap_ms"] == pytest.approx(0.5)
+    assert [(g["after"], g["before"], g["ms"]) for g in second["largest_gaps"]] == [
+        ("nvjet_gemm_b", "(step end)", pytest.approx(0.1))
+    ]
+    assert result["mean"]["wall_ms"] == 6.0
+    assert result["gaps_by_neighbours"][0]["ms_per_step"] == pytest.approx(0.5)  # 1.0 ms over two steps
+
+
+def test_a_gap_shorter_than_the_floor_is_not_listed():
+    events = [step(0, 0, 1_000), kernel("a", 0, 400), kernel("b", 410, 590)]
+    result = analyse(events, gap_floor_us=20)
+    assert result["per_step"][0]["largest_gaps"] == []
+    assert analyse(events, gap_floor_us=5)["per_step"][0]["main_stream_gaps"] == 1
+
+
+def test_a_trace_without_step_annotations_is_refused():
+    with pytest.raises(ValueError, match="no 'step N' annotation"):
+        analyse([kernel("a", 0, 10)])
