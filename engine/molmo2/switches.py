@@ -41,6 +41,11 @@ class Switches:
     # no trainable weight; the next step's first trainable read waits for it. The same kernels on the same inputs:
     # bitwise the baseline's update, only its place on the device's timeline moves. CUDA and one process only.
     optimizer_overlaps_vision: bool = False
+    # X9: X7's update in stages in the forward's reading order (embedding side, each decoder block, head side), each
+    # stage waited for only where the next step's forward first reads it, so later blocks' updates run under earlier
+    # blocks' forward. The same kernels on the same inputs: bitwise X7's update. Implies X7's side stream; CUDA and
+    # one process only.
+    staged_update: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":
