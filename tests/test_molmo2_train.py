@@ -132,16 +132,22 @@ def test_probes_fail_where_they_must(tiny):
 
 
 def test_tiny_model_learns_the_rig():
-    """Loss and greedy-decoded action error fall within 400 CPU steps at batch 8 (lr 5e-3): the training loss by
+    """Loss and greedy-decoded action error fall within 600 CPU steps at batch 8 (lr 3e-3): the training loss by
     >= 50%, and the chunk MAE of greedy decodes of 16 training episodes to <= 80% of the untrained model's (which
-    decodes no chunk at all: the zero chunk; measured 0.477 -> 0.329). The claim is that the AR decoder learns to
-    emit FAST chunks that carry the actions; held-out generalisation is not claimed at this size and step count
-    (the runner's evaluate() measures it on held-out episodes, for runs)."""
-    r = runner(batch=8, lr=5e-3, backbone_text_lr=5e-3)
+    decodes no chunk at all: the zero chunk). The claim is that the AR decoder learns to emit FAST chunks that carry
+    the actions; held-out generalisation is not claimed at this size and step count (the runner's evaluate()
+    measures it on held-out episodes, for runs).
+
+    The decoded MAE is chaotic in the training trajectory: the CPU's thread count changes the reduction order and
+    with it which tokens the greedy decode picks. At 400 steps and lr 5e-3 one thread gave 0.46 of a 0.38 bar while
+    two gave 0.27. At this setting, measured: seed 0, loss 5.47 -> 2.15, MAE 0.477 -> 0.157 at one thread and 0.134
+    at two; over seeds 0-3 and one or two threads the after-MAE is at most 0.66 of the untrained (0.29 of 0.44), and
+    at most 0.63 at 500 steps and 0.71 at 700, so the bar holds with margin around this step count too."""
+    r = runner(batch=8, lr=3e-3, backbone_text_lr=3e-3)
     seen = [r.train_data.sample(i) for i in range(16)]
     before = r.decode_error(seen)
     first = r.train_window(10, lambda: False)
-    r.train_window(380, lambda: False)
+    r.train_window(580, lambda: False)
     last = r.train_window(10, lambda: False)
     after = r.decode_error(seen)
     assert last["loss"] <= 0.5 * first["loss"], (first["loss"], last["loss"])
