@@ -370,11 +370,6 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
-    # ... with X9 (X7's update in stages, each waited for where the next step's forward first reads it): not landed
-    "packed-varlen-cudnn-one-pass-x2-x7-x9": (
-        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
-        (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "staged_update"),
-    ),
     # ... with inductor's coordinate-descent tuning of every compiled Triton kernel (compile_tuning): not landed
     "packed-varlen-cudnn-one-pass-x2-x7-cdt": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn", "compile_tuning": "coordinate-descent"},

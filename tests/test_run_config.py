@@ -64,15 +64,6 @@ RULE_CASES = {
 }
 
 
-def test_x9_in_a_baseline_needs_one_cuda_process_like_x7():
-    with pytest.raises(ConfigError) as refused:
-        resolve(CPU, {"baseline_switches": ["staged_update"]})
-    assert refused.value.key == "baseline_switches" and "staged_update in baseline_switches" in refused.value.message
-    two_gpus = resolve(H200_X2, {})
-    assert "staged_update" not in two_gpus.baseline_switches and resolve(H200, {"baseline_switches": [
-        "optimizer_overlaps_vision", "staged_update"]}).baseline_switches[-1] == "staged_update"  # fmt: skip
-
-
 def test_every_cross_key_rule_has_a_case():
     assert set(RULE_CASES) == {rule.__name__ for rule in CROSS_KEY_RULES}
 

@@ -27,8 +27,8 @@ SWITCHES = {
     "on only the decoder blocks' two linears that read an RMSNorm's output (fused qkv, fused up/gate)",
     "optimizer_overlaps_vision": "X7: the optimizer step on a side stream under the next step's frozen-ViT forward "
     "(the same update, bitwise; CUDA, one process)",
-    "staged_update": "X9: X7's update in stages (embedding side, each decoder block, head side), each waited for "
-    "only where the next step's forward first reads it (the same update, bitwise; CUDA, one process)",
+    "staged_update": "X9 (retired: parked by its ladder; its code left the workload): X7's update in stages "
+    "(embedding side, each decoder block, head side), each waited for where the next step's forward first reads it",
 }
 
 _TOL = frozenset({"tolerance"})

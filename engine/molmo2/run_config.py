@@ -322,15 +322,16 @@ def _clip_in_adamw_needs_the_fused_adamw(c: Molmo2RunConfig, profile: Profile) -
 
 
 def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> None:
-    """X7 and X9 run the update on a second CUDA stream of the one process that trains."""
-    for switch in ("optimizer_overlaps_vision", "staged_update"):
-        if switch in c.baseline_switches and (profile.device != "cuda" or profile.world_size > 1):
-            raise ConfigConflict(
-                ("baseline_switches",),
-                f"{switch} in baseline_switches runs the update on a second CUDA stream of one process; profile "
-                f"{profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it "
-                "from baseline_switches",
-            )
+    """X7 runs the update on a second CUDA stream of the one process that trains."""
+    if "optimizer_overlaps_vision" not in c.baseline_switches:
+        return
+    if profile.device != "cuda" or profile.world_size > 1:
+        raise ConfigConflict(
+            ("baseline_switches",),
+            "optimizer_overlaps_vision in baseline_switches runs the update on a second CUDA stream of one process; "
+            f"profile {profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it "
+            "from baseline_switches",
+        )
 
 
 CROSS_KEY_RULES = (
@@ -398,8 +399,8 @@ LANDED = {
     "vit_fp16_attention": "molmo2-x2-h200 (land-x2)",
     "optimizer_overlaps_vision": "molmo2-overlap-h200 (land-x7)",
 }
-# X7 and X9 overlap one process's update with its next step; several ranks' updates wait on their own collectives.
-ONE_PROCESS_ONLY = ("optimizer_overlaps_vision", "staged_update")
+# X7 overlaps one process's update with its next step; several ranks' updates wait on their own collectives.
+ONE_PROCESS_ONLY = ("optimizer_overlaps_vision",)
 
 # The path the verdicts landed, on CUDA profiles.
 CUDA_DEFAULTS: dict[str, Any] = {
@@ -449,6 +450,7 @@ RETIRED = (
     RetiredOption("switch", "fp8_decoder_linears", "molmo2-fp8-h200 (X5 dropped at its oracle X5b)"),
     RetiredOption("switch", "fp8_rowwise_decoder_linears", "molmo2-fp8-rowwise-h200 (X6 dropped at its oracle X6b)"),
     RetiredOption("switch", "fp8_normed_input_linears", "molmo2-fp8-normed-h200 (X8 dropped at its oracle X8b)"),
+    RetiredOption("switch", "staged_update", "molmo2-staged-update-h200 (park-x9)"),
     RetiredOption("value", "suffix_attention", "molmo2-sflex-h200 (reached no outcome)", value="flex"),
     RetiredOption("key", "pack_multiple", "no ladder landing it"),
     RetiredOption("key", "compile_dynamic", "no ladder landing it"),

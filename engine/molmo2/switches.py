@@ -13,6 +13,7 @@ RETIRED = {
     "fp8_decoder_linears": "X5, the decoder blocks' four linears as float8 matmuls (tensorwise scales)",
     "fp8_rowwise_decoder_linears": "X6, the decoder blocks' four linears as float8 matmuls (rowwise scales)",
     "fp8_normed_input_linears": "X8, the decoder blocks' two RMSNorm-reading linears as float8 matmuls",
+    "staged_update": "X9, X7's update in stages, each waited for where the next step's forward first reads it",
 }
 
 
@@ -41,11 +42,6 @@ class Switches:
     # no trainable weight; the next step's first trainable read waits for it. The same kernels on the same inputs:
     # bitwise the baseline's update, only its place on the device's timeline moves. CUDA and one process only.
     optimizer_overlaps_vision: bool = False
-    # X9: X7's update in stages in the forward's reading order (embedding side, each decoder block, head side), each
-    # stage waited for only where the next step's forward first reads it, so later blocks' updates run under earlier
-    # blocks' forward. The same kernels on the same inputs: bitwise X7's update. Implies X7's side stream; CUDA and
-    # one process only.
-    staged_update: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

@@ -13,7 +13,6 @@ segments; a suffix, padded or packed, under its dense mask (SDPA), or as varlen 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Hashable
 
 import torch
 from torch import nn
@@ -26,10 +25,6 @@ from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.text import BASELINE_BACKENDS, KV, DecoderBlock, Mask, RMSNorm, TextModel, backends_context
 from engine.molmo2.model.vision import VisionBackbone
 from engine.molmo2.switches import BASELINE, Switches
-from engine.molmo2.train.staged_update import EMBED, HEAD
-
-if TYPE_CHECKING:
-    from engine.molmo2.train.staged_update import StagedUpdate
 
 # Parameters that are not in the hub checkpoint: the FAST block (embedding rows + head rows) and the state slot's
 # projection, which the AR decoder adds. A hub checkpoint lacks them by design; our AR checkpoints carry them.
@@ -121,8 +116,6 @@ class Molmo2Model(nn.Module):
         self.fast_head = nn.Linear(t.hidden_size, config.fast_vocab_size, bias=False)
         self.state_proj = nn.Linear(config.state_dim, t.hidden_size)  # zero-initialised: the prompt starts undisturbed
         self.switches = switches  # reassign to change rungs without reloading
-        # X9: the last step's update in flight, stage by stage (the trainer sets it for one forward), or None
-        self.staged_update: StagedUpdate | None = None
 
     @property
     def transformer(self) -> TextModel:
@@ -141,15 +134,6 @@ class Molmo2Model(nn.Module):
             ]
             self.__dict__["_compiled_vision"] = torch.compile(self.model.vision_backbone, dynamic=False,
                                                               options=options)  # fmt: skip
-
-    def _await_update(self, stage: Hashable) -> None:
-        """X9: before the first read of a stage's weights, the current stream waits for that stage's update."""
-        if self.staged_update is not None:
-            self.staged_update.wait(stage, torch.cuda.current_stream())
-
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        self._await_update(HEAD)
-        return self.transformer.ln_f(hidden)
 
     def image_features(self, pixel_values: torch.Tensor, image_token_pooling: torch.Tensor) -> torch.Tensor:
         vision = self._compiled_vision if self.execution.compile else self.model.vision_backbone
@@ -174,7 +158,6 @@ class Molmo2Model(nn.Module):
         state_positions: torch.Tensor | None = None,
         state_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self._await_update(EMBED)
         x = self.transformer.wte(input_ids, branchless=self.switches.branchless_extension_lookup)
         if image_features is not None:
             x = self._add_image_features(input_ids, x, image_features)
@@ -208,7 +191,6 @@ class Molmo2Model(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Column j scores token id j over [0, fast_block_base + fast_vocab). The extension ids (image specials)
         have no head row and can never be produced: their columns are -inf."""
-        self._await_update(HEAD)
         base = self.lm_head(hidden)
         fast = self.fast_head(hidden)
         gap = base.new_full((*hidden.shape[:-1], self.config.text.additional_vocab_size), float("-inf"))
@@ -230,7 +212,6 @@ class Molmo2Model(nn.Module):
         blocks = self._blocks(extending=past is not None)
         layers: list[KV] = []
         for index, block in enumerate(blocks):
-            self._await_update(index)
             if last_layer_kv_only and index == len(blocks) - 1:
                 layers.append(self.transformer.blocks[index].keys_values(x, rope))
                 return None, layers
@@ -273,7 +254,7 @@ class Molmo2Model(nn.Module):
         positions = positions_from_mask(attention_mask) if position_ids is None else position_ids
         with backends_context(BASELINE_BACKENDS):
             hidden, _ = self.decoder(x, positions, prefix_attention_mask(attention_mask, mm_token_type_ids))
-        return self.logits(self.final_norm(hidden))
+        return self.logits(self.transformer.ln_f(hidden))
 
     def prefill(
         self,
@@ -303,7 +284,7 @@ class Molmo2Model(nn.Module):
         cache = KVCache(tuple(layers), attention_mask.bool(), attention_mask.long().sum(-1))
         if not last_logits:
             return cache, None
-        return cache, self.logits(self.final_norm(hidden[:, -1]))
+        return cache, self.logits(self.transformer.ln_f(hidden[:, -1]))
 
     def extend(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache, packing: Packing | None = None
@@ -314,7 +295,7 @@ class Molmo2Model(nn.Module):
         x = self.embed(input_ids)
         positions, mask = self._suffix_attention(attention_mask, cache, packing)
         hidden, layers = self.decoder(x, positions, mask, past=cache)
-        return self.final_norm(hidden), layers
+        return self.transformer.ln_f(hidden), layers
 
     def joined_suffix_hidden(self, prefix: PrefixInputs, suffix_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
         """A packed training chunk in one pass (pack_one_pass): the suffix's hidden states after ln_f [1, Ns,
@@ -333,15 +314,13 @@ class Molmo2Model(nn.Module):
         blocks = self._blocks(extending=False)
         rope = self.transformer.rope(positions)
         with backends_context(BASELINE_BACKENDS):
-            for index, block in enumerate(blocks[:-1]):
-                self._await_update(index)
+            for block in blocks[:-1]:
                 x, _ = block(x, rope, mask)
         last = len(blocks) - 1
-        self._await_update(last)
         past = self.transformer.blocks[last].keys_values(x[:, :Np], self.transformer.rope(packing.prefix_pos))
         positions, mask = self._suffix_attention(None, None, packing)
         x, _ = self._blocks(extending=True)[last](x[:, Np:], self.transformer.rope(positions), mask, past)
-        return self.final_norm(x)
+        return self.transformer.ln_f(x)
 
     def _packed_path(self) -> str:
         """Where a packed chunk attends: "masks" (its packed row under per-sample masks, pack_attention = "packed")

@@ -26,7 +26,6 @@ from engine.memory.meter import MemoryMeter
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, set_ar_trainable
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
 from engine.molmo2.model.model import Molmo2Model
-from engine.molmo2.train.staged_update import StagedUpdate, stages_of
 
 if TYPE_CHECKING:
     from engine.molmo2.run_config import Molmo2RunConfig
@@ -155,41 +154,30 @@ class Trainer:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.steps_done = 0
         self.memory = MemoryMeter(device)
-        # X7: the stream the optimizer step runs on (made at its first use), and the update in flight (None: none
-        # is): X7's one event, or X9's stages. Read the switches at each step: an interleaved ladder turns them on and
-        # off in one process.
+        # X7: the stream the optimizer step runs on (made at its first use), and the event of the update in flight
+        # (None: none is). Read the switch at each step: an interleaved ladder turns it on and off in one process.
         self._update_stream: torch.cuda.Stream | None = None
-        self.update_in_flight: torch.cuda.Event | StagedUpdate | None = None
+        self.update_in_flight: torch.cuda.Event | None = None
 
     def _overlapping(self) -> bool:
-        switches = self.model.switches
-        if not (switches.optimizer_overlaps_vision or switches.staged_update):
+        if not self.model.switches.optimizer_overlaps_vision:
             return False
-        if switches.staged_update and switches.clip_in_adamw:
-            raise ValueError(
-                "staged_update (X9) clips each stage with clip_grad_norm_'s multiply and clip_in_adamw (X4) folds the "
-                "clip into one AdamW call: they do not combine; fix: turn one of them off"
-            )
         if self.device.type != "cuda" or type(self.sync) is not GradientSync:
-            name = "optimizer_overlaps_vision (X7)" if switches.optimizer_overlaps_vision else "staged_update (X9)"
             raise ValueError(
-                f"{name} runs the optimizer on a second CUDA stream of one process; this run trains on "
-                f"{self.device.type} with {self.sync.world_size} rank(s): use it on a CUDA profile with one rank"
+                "optimizer_overlaps_vision (X7) runs the optimizer on a second CUDA stream of one process; this "
+                f"run trains on {self.device.type} with {self.sync.world_size} rank(s): use it on a CUDA profile "
+                "with one rank"
             )
         if self._update_stream is None:
             self._update_stream = torch.cuda.Stream(self.device)
         return True
 
     def settle(self) -> None:
-        """Orders the device's current stream after the update in flight (X7, X9): whatever runs next on it (a read
-        of the weights, the gradient norm, the next step's trainable layers) sees the updated weights."""
-        pending, self.update_in_flight = self.update_in_flight, None
-        self.model.staged_update = None
-        stream = torch.cuda.current_stream(self.device) if pending is not None else None
-        if isinstance(pending, StagedUpdate):
-            pending.wait_all(stream)
-        elif pending is not None:
-            stream.wait_event(pending)
+        """Orders the device's current stream after the update in flight (X7): whatever runs next on it (a read of
+        the weights, the gradient norm, the next step's trainable layers) sees the updated weights."""
+        if self.update_in_flight is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.update_in_flight)
+            self.update_in_flight = None
 
     def _set_lr(self) -> None:
         scale = min(1.0, (self.steps_done + 1) / self.config.warmup) if self.config.warmup else 1.0
@@ -207,15 +195,9 @@ class Trainer:
                 features = self.model.image_features(chunks[0].prefix.pixel_values,
                                                      chunks[0].prefix.image_token_pooling)  # fmt: skip
             chunks[0] = replace(chunks[0], prefix=replace(chunks[0].prefix, image_features=features))
-            if isinstance(self.update_in_flight, StagedUpdate):
-                # X9: the first chunk's forward waits for each stage where it first reads it, and frees its gradients
-                self.model.staged_update = self.update_in_flight
-            else:
-                self.settle()
-        staged = self.model.staged_update is not None
-        if not staged:
-            # After settle: the update read these gradients, and their memory returns to this stream's pool.
-            self.optimizer.zero_grad(set_to_none=True)
+            self.settle()
+        # After settle: the update read these gradients, and their memory returns to this stream's pool.
+        self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros(
             (),
             device=self.device,
@@ -226,9 +208,6 @@ class Trainer:
             with self.sync.chunk_context(index == last):
                 with autocast(self.device):
                     logits = self.sync.forward(self.model, chunk)
-                if staged and index == 0:
-                    self.settle()  # every stage the forward read is waited for already; this orders the rest
-                    self.optimizer.zero_grad(set_to_none=True)
                 sums = ar_loss_sums(logits.to(loss.dtype), chunk.suffix, self.model.switches)
                 chunk_loss = sums["loss_sum"] / step.loss_tokens
                 chunk_loss.backward()
@@ -244,12 +223,6 @@ class Trainer:
             return self._update()
         self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._update_stream):
-            if self.model.switches.staged_update:
-                self._set_lr()
-                staged = StagedUpdate(stages_of(self.model), self.trainable, self.optimizer, self.config.grad_clip)
-                self.steps_done += 1
-                self.update_in_flight = staged
-                return staged.grad_norm
             grad_norm = self._update()
             self.update_in_flight = torch.cuda.Event()
             self.update_in_flight.record(self._update_stream)
