@@ -50,11 +50,11 @@ APPLIES_ONLY_WITH = {
 
 class Molmo2RunConfig(RunConfig):
     """CHANGES_NUMERICS marks the keys that compute the same step in other arithmetic: the reduction's grouping
-    (backward_chunks, chunk_by_cameras, zero1, ddp, chunk_grad_allreduce), kernels (compile, prefix_attention,
-    suffix_attention, pack_attention), packing (pack, pack_one_pass) and the baseline's switches. Not marked: what
-    the step computes (batch, camera_counts, max_crops, the learning rates, grad_clip, warmup: another recipe, not
-    other numerics), bucket_by_length (other steps: prereg/pairing.py's flag), ddp_wrapper (the same explicit
-    allreduce with or without the wrapper), memory_snapshot (instrumentation) and the retired keys."""
+    (backward_chunks, chunk_by_cameras, zero1, ddp, chunk_grad_allreduce), kernels (compile, compile_tuning,
+    prefix_attention, suffix_attention, pack_attention), packing (pack, pack_one_pass) and the baseline's switches.
+    Not marked: what the step computes (batch, camera_counts, max_crops, the learning rates, grad_clip, warmup:
+    another recipe, not other numerics), bucket_by_length (other steps: prereg/pairing.py's flag), ddp_wrapper (the
+    same explicit allreduce with or without the wrapper), memory_snapshot (instrumentation) and the retired keys."""
 
     BASELINE_KEY = "baseline_switches"
 
