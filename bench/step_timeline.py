@@ -78,6 +78,7 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
         per_stream_total[e["args"]["stream"]] += e["dur"]
     main = max(per_stream_total, key=per_stream_total.get) if per_stream_total else None
     rows, gap_totals = [], defaultdict(lambda: [0.0, 0])
+    kernel_totals: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     for index, start, end in steps:
         inside = []
         for e in device:
@@ -89,6 +90,9 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
             stream = streams.setdefault(e["args"]["stream"], {"intervals": [], "kinds": defaultdict(float)})
             stream["intervals"].append((s, t))
             stream["kinds"][kind_of(e)] += (t - s) / 1e3
+            kernel = kernel_totals[e["args"]["stream"]][e["name"]]
+            kernel[0] += (t - s) / 1e3
+            kernel[1] += 1
         busy = union_ms([iv for st in streams.values() for iv in st["intervals"]])
         per_stream = {
             str(sid): {"busy_ms": union_ms(st["intervals"]), "kinds_ms": dict(sorted(st["kinds"].items())),
@@ -130,6 +134,19 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
         "steps": n,
         "mean": mean,
         "mean_kinds_ms": {sid: dict(sorted(k.items())) for sid, k in sorted(kinds.items())},
+        # each stream's kernels by name, the most time first: which fusion or GEMM a kind's milliseconds are
+        "top_kernels": {
+            str(sid): [
+                {
+                    "name": name,
+                    "kind": kind_of({"name": name, "cat": "kernel"}),
+                    "ms_per_step": ms / n,
+                    "per_step": count / n,
+                }
+                for name, (ms, count) in sorted(names.items(), key=lambda kv: -kv[1][0])[:top]
+            ]
+            for sid, names in sorted(kernel_totals.items())
+        },  # fmt: skip
         "gaps_by_neighbours": [
             {"after": a, "before": b, "ms_per_step": total / n, "per_step": count / n}
             for (a, b), (total, count) in gap_pairs
@@ -151,6 +168,11 @@ def print_table(result: dict[str, Any]) -> None:
     for sid, kinds in result["mean_kinds_ms"].items():
         listed = ", ".join(f"{k} {v:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
         print(f"  stream {sid}: {sum(kinds.values()):.1f} ms of kernels — {listed}")
+    print("  the main stream's largest kernels (ms per step, calls per step):")
+    for kernel in result["top_kernels"].get(str(result["main_stream"]), []):
+        print(
+            f"    {kernel['ms_per_step']:6.2f} {kernel['per_step']:6.1f}  {kernel['kind']:9} {shorten(kernel['name'])}"
+        )
     print("  the main stream's gaps, by the kernels either side (ms per step, gaps per step):")
     for gap in result["gaps_by_neighbours"]:
         print(f"    {gap['ms_per_step']:6.2f} {gap['per_step']:6.1f}  after {gap['after']}  before {gap['before']}")

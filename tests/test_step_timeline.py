@@ -90,6 +90,13 @@ def test_a_step_window_gives_busy_idle_overlap_and_the_main_streams_gaps():
         ("nvjet_gemm_b", "(step end)", pytest.approx(0.1))
     ]
     assert result["mean"]["wall_ms"] == 6.0
+    main = [(k["name"], k["kind"], k["ms_per_step"], k["per_step"]) for k in result["top_kernels"][str(MAIN)]]
+    assert main == [("nvjet_gemm_a", "gemm", 2.0, 0.5), ("cudnn_sdpa_fprop", "attention", 1.5, 0.5),
+                    ("nvjet_gemm_b", "gemm", 0.95, 0.5), ("triton_poi_fused_add", "triton", 0.2, 0.5)]  # fmt: skip
+    side = result["top_kernels"][str(SIDE)]
+    assert [(k["name"], k["ms_per_step"], k["per_step"]) for k in side] == [
+        ("multi_tensor_apply_kernel<Adam>", pytest.approx(2.5), 1.5)  # 4 + 0.5 in step 0, 0.5 in step 1
+    ]
     assert result["gaps_by_neighbours"][0]["ms_per_step"] == pytest.approx(0.5)  # 1.0 ms over two steps
 
 
@@ -103,3 +110,20 @@ def test_a_gap_shorter_than_the_floor_is_not_listed():
 def test_a_trace_without_step_annotations_is_refused():
     with pytest.raises(ValueError, match="no 'step N' annotation"):
         analyse([kernel("a", 0, 10)])
+
+
+def test_the_tool_profiles_an_arm_end_to_end_on_the_cpu(tmp_path):
+    """The whole path at the tiny geometry: load, warm-up, profiled steps, the trace read back, the JSON written.
+    The CPU has no device kernels, so every step is host time and device idle; the H200 fills the streams."""
+    import json
+    import subprocess
+
+    command = [sys.executable, "bench/step_timeline.py", "--profile", "cpu-tiny", "--arm", "baseline", "--batch", "6",
+               "--warmup", "1", "--steps", "2", "--out", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "step_timeline_cpu-tiny_baseline.json").read_text())
+    assert report["conditions"]["profiled_steps"] == 2 and report["conditions"]["landed_only"] is True
+    assert [row["step"] for row in report["per_step"]] == [0, 1]
+    assert report["mean"]["wall_ms"] > 0 and report["mean"]["device_busy_ms"] == 0
+    assert report["mean"]["device_idle_ms"] == report["mean"]["wall_ms"] and report["main_stream"] is None
