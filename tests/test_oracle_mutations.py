@@ -88,7 +88,9 @@ def test_p3c_mean_fails_when_the_switch_leaks_into_the_forward(tiny, monkeypatch
     monkeypatch.setattr(Molmo2Model, "logits", under("masked_loss_sums", in_bf16)(Molmo2Model.logits))
     judgement, observed = gate_judgement(tiny, item, oracle)
     assert not judgement.passed and observed["equal"] < observed["total"], (judgement.reason, observed)
-    assert observed["sum_rel"] == 0.0  # the sums share one forward: only the mean-form arms see the leak
+    # the sums share one forward, so only the mean-form arms see the leak; the two sum forms still reduce in their own
+    # orders, which the CPU's vector width can move by an fp64 ulp: P3c-fp64's frozen sum_rel bound, 1e-12
+    assert observed["sum_rel"] <= 1e-12, observed
 
 
 def test_p3c_sums_fail_when_the_masked_sums_lose_precision(tiny, monkeypatch):
