@@ -61,7 +61,7 @@ def test_a_step_window_gives_busy_idle_overlap_and_the_main_streams_gaps():
         kernel("multi_tensor_apply_kernel<Adam>", 3_000, 4_000, SIDE),
         kernel("multi_tensor_apply_kernel<Adam>", 9_500, 1_000, SIDE),
         kernel("nvjet_gemm_b", 10_000, 1_900),
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},  # host ops are not device time
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},  # a host op: never a device interval
     ]
     result = analyse(events, gap_floor_us=50, top=5)
     assert result["main_stream"] == MAIN
