@@ -39,6 +39,22 @@ def test_a_compared_rung_that_changes_numerics_unguarded_is_refused_at_check_and
     assert not cli.ledger.exists()  # not even an empty ledger
 
 
+def test_a_rung_that_only_tunes_the_compiled_kernels_is_a_numerics_change_too(cli: Cli, tmp_path: Path):
+    """compile_tuning can move a reduction's order: rungs that differ only in it need the same guard."""
+    tuned = (
+        MINI.replace('id = "mini"', 'id = "mini-tuned"')
+        .replace(
+            "config = { batch = 4, backward_chunks = 2 }", "config = { batch = 4, backward_chunks = 2, compile = true }"
+        )
+        .replace('items = ["P1"]\n', 'items = ["P1"]\n  config = { compile_tuning = "coordinate-descent" }\n', 1)
+    )
+    result = cli.on_ledger("check", write(tmp_path, "tuned.toml", tuned))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    said = " ".join(result.stderr.split())
+    assert "rungs A and B are compared and differ in compile_tuning (A='default', B='coordinate-descent')" in said, said
+    assert not cli.ledger.exists()
+
+
 def test_a_paired_loss_bound_the_landing_rule_requires_guards_it(cli: Cli, tmp_path: Path):
     bounded = PACKED_B.replace('vram_clean = "', 'loss_gap = "abs(B.loss - A.loss) / A.loss"\nvram_clean = "').replace(
         'when = "primary >= 0.05 and vram_clean"', 'when = "primary >= 0.05 and vram_clean and loss_gap <= 0.01"'
