@@ -155,6 +155,9 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
     }
 
 
+PRINTED = 12  # rows of each printed list; the JSON keeps --top
+
+
 def shorten(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
@@ -169,12 +172,12 @@ def print_table(result: dict[str, Any]) -> None:
         listed = ", ".join(f"{k} {v:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
         print(f"  stream {sid}: {sum(kinds.values()):.1f} ms of kernels — {listed}")
     print("  the main stream's largest kernels (ms per step, calls per step):")
-    for kernel in result["top_kernels"].get(str(result["main_stream"]), []):
+    for kernel in result["top_kernels"].get(str(result["main_stream"]), [])[:PRINTED]:
         print(
             f"    {kernel['ms_per_step']:6.2f} {kernel['per_step']:6.1f}  {kernel['kind']:9} {shorten(kernel['name'])}"
         )
     print("  the main stream's gaps, by the kernels either side (ms per step, gaps per step):")
-    for gap in result["gaps_by_neighbours"]:
+    for gap in result["gaps_by_neighbours"][:PRINTED]:
         print(f"    {gap['ms_per_step']:6.2f} {gap['per_step']:6.1f}  after {gap['after']}  before {gap['before']}")
 
 
@@ -193,6 +196,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="steps before the profiled ones (compilation lands here)")
     parser.add_argument("--steps", type=int, default=4, help="profiled steps (4 = one pass of the pool)")
     parser.add_argument("--gap-floor-us", type=float, default=20.0, help="the shortest main-stream gap listed")
+    parser.add_argument("--top", type=int, default=40, help="kernels per stream and gap pairs kept in the JSON")
     parser.add_argument("--keep-trace", action="store_true", help="also write the trace, gzipped, under --out")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
@@ -223,7 +227,7 @@ def main() -> None:
         path = Path(scratch) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = path.read_text()
-    result = analyse(json.loads(trace)["traceEvents"], args.gap_floor_us)
+    result = analyse(json.loads(trace)["traceEvents"], args.gap_floor_us, args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"step_timeline_{args.profile}_{args.arm}"
