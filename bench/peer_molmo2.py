@@ -356,15 +356,6 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention"),
     ),
-    # ... with X4 (the clip folded into the fused AdamW), which molmo2-x34-h200 parked: not landed
-    "packed-varlen-one-pass-x2-x4": (
-        {**PACKED_ONE_PASS, "pack_attention": "varlen"},
-        (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
-    ),
-    "packed-varlen-cudnn-one-pass-x2-x4": (
-        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
-        (*ALL_SIX, "vit_fp16_attention", "clip_in_adamw"),
-    ),
     # ... with X7 (the optimizer update on a side stream under the next step's frozen-ViT forward, land-x7)
     "packed-varlen-cudnn-one-pass-x2-x7": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},

@@ -129,11 +129,11 @@ def test_an_amendment_marking_a_missing_path_is_refused_and_writes_nothing(copy_
 
 def test_the_fast_block_is_1026_for_a_new_document_and_1024_for_the_frozen_ones(applied: Path, tmp_path: Path):
     cli = Cli(applied, tmp_path)
-    frozen = cli.ok_json("check", REGISTRATIONS / "molmo2-x4-h200.toml")
+    frozen = cli.ok_json("check", REGISTRATIONS / "molmo2-pack-cudnn-h200.toml")
     assert {r["fast_vocab_size"] for r in frozen["effective_config"]["rungs"].values()} == {1024}
-    text = (REGISTRATIONS / "molmo2-x4-h200.toml").read_text(encoding="utf-8")
-    assert text.count('id = "molmo2-x4-h200"') == 1
-    new = write(tmp_path, "new.toml", text.replace('id = "molmo2-x4-h200"', 'id = "molmo2-x4-h200-again"'))
+    text = (REGISTRATIONS / "molmo2-pack-cudnn-h200.toml").read_text(encoding="utf-8")
+    assert text.count('id = "molmo2-pack-cudnn-h200"') == 1
+    new = write(tmp_path, "new.toml", text.replace('id = "molmo2-pack-cudnn-h200"', 'id = "molmo2-pack-cudnn-again"'))
     fresh = cli.ok_json("check", new)
     assert {r["fast_vocab_size"] for r in fresh["effective_config"]["rungs"].values()} == {1026}
 

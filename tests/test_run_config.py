@@ -49,12 +49,6 @@ RULE_CASES = {
     ),
     "_compile_dynamic_needs_compile": (CPU, {"compile_dynamic": True}, "compile_dynamic", "needs compile = true"),
     "_pack_multiple_needs_pack": (CPU, {"pack_multiple": 16}, "pack_multiple", "needs pack = true"),
-    "_clip_in_adamw_needs_the_fused_adamw": (
-        CPU,
-        {"baseline_switches": ["clip_in_adamw"]},
-        "baseline_switches",
-        "needs the fused AdamW",
-    ),
     "_overlap_needs_one_cuda_process": (
         CPU,
         {"baseline_switches": ["optimizer_overlaps_vision"]},
@@ -82,7 +76,6 @@ MORE_REFUSED = [
     (CPU, {"ddp": True}, "ddp", "needs several processes"),
     (CPU, {"chunk_grad_allreduce": True}, "chunk_grad_allreduce", "needs several processes"),
     (CPU_X2, {"ddp": False}, "ddp", "need a gradient sync"),
-    (H200_X2, {"zero1": True, "baseline_switches": ["clip_in_adamw"]}, "baseline_switches", "zero1"),
     (H200_X2, {"baseline_switches": ["optimizer_overlaps_vision"]}, "baseline_switches", "2 process(es)"),
     (CPU, {"suffix_attention": "flex"}, "suffix_attention", "needs CUDA"),
     (CPU, {"batch": 12, "backward_chunks": 5}, "backward_chunks", "allowed with this batch: [1, 2, 3, 4, 6, 12]"),
@@ -101,7 +94,6 @@ ALLOWED = [
     (H200, {"memory_snapshot": True}),
     (CPU, {"pack": True, "pack_attention": "packed", "pack_one_pass": False}),
     (CPU_X2, {"ddp": False, "chunk_grad_allreduce": True, "ddp_wrapper": False, "zero1": True}),
-    (H200, {"baseline_switches": ["clip_in_adamw"]}),
     (H200, {"baseline_switches": ["optimizer_overlaps_vision"]}),
     (CPU, {"batch": 12, "backward_chunks": 4}),
 ]

@@ -18,7 +18,8 @@ SWITCHES = {
     "vit_fp16_attention": "X2: the frozen ViT's attention on fp16 inputs instead of the hub's fp32, training mode only",
     "pool_fp32_math": "X3 (retired: dropped by its ladder; its code left the workload): the pooling attention as "
     "fp32 arithmetic instead of fp32 SDPA, training mode only",
-    "clip_in_adamw": "X4: the gradient clip folded into the fused AdamW (grad_scale) instead of a multiply pass first",
+    "clip_in_adamw": "X4 (retired: parked by its ladders; its code left the workload): the gradient clip folded into "
+    "the fused AdamW (grad_scale) instead of a multiply pass first",
     "fp8_decoder_linears": "X5 (retired: dropped at its curve oracle; its code left the workload): the decoder "
     "blocks' linears as float8 matmuls (torchao, dynamic tensorwise scales) in training mode only",
     "fp8_rowwise_decoder_linears": "X6 (retired: dropped at its curve oracle; its code left the workload): the "

@@ -52,11 +52,6 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
     that compares two identical computations would pass vacuously), or None."""
     if switch == "suffix_cudnn":
         return cudnn_unavailable(runner)
-    if switch == "clip_in_adamw" and runner.device.type != "cuda":
-        return (
-            f"X4 folds the clip into the fused AdamW, which this workload builds on CUDA only; profile "
-            f"{runner.profile.name} trains on the CPU with the unfused AdamW, which has no grad_scale"
-        )
     if switch == "optimizer_overlaps_vision" and runner.device.type != "cuda":
         return (
             f"X7 overlaps the optimizer with the next step on a second CUDA stream; profile {runner.profile.name} "

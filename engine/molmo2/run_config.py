@@ -302,25 +302,6 @@ def _pack_multiple_needs_pack(c: Molmo2RunConfig, profile: Profile) -> None:
         raise ConfigConflict(("pack_multiple", "pack"), f"pack_multiple = {c.pack_multiple} needs pack = true")
 
 
-def _clip_in_adamw_needs_the_fused_adamw(c: Molmo2RunConfig, profile: Profile) -> None:
-    """X4 hands the clip to the fused torch.optim.AdamW's grad_scale: built on CUDA only, and not under ZeRO-1."""
-    if "clip_in_adamw" not in c.baseline_switches:
-        return
-    if profile.device != "cuda":
-        raise ConfigConflict(
-            ("baseline_switches",),
-            f"clip_in_adamw in baseline_switches needs the fused AdamW, "
-            f"which this workload builds on CUDA only; profile {profile.name} runs on the CPU; fix: "
-            "remove it from baseline_switches",
-        )
-    if c.zero1 and profile.world_size > 1:
-        raise ConfigConflict(
-            ("baseline_switches", "zero1"),
-            "clip_in_adamw in baseline_switches needs the fused "
-            "AdamW, and zero1 = true shards it in a ZeroRedundancyOptimizer; fix: remove one",
-        )
-
-
 def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> None:
     """X7 runs the update on a second CUDA stream of the one process that trains."""
     if "optimizer_overlaps_vision" not in c.baseline_switches:
@@ -344,7 +325,6 @@ CROSS_KEY_RULES = (
     _memory_snapshot_needs_cuda,
     _compile_dynamic_needs_compile,
     _pack_multiple_needs_pack,
-    _clip_in_adamw_needs_the_fused_adamw,
     _overlap_needs_one_cuda_process,
 )
 
@@ -451,6 +431,7 @@ RETIRED = (
     RetiredOption("switch", "fp8_rowwise_decoder_linears", "molmo2-fp8-rowwise-h200 (X6 dropped at its oracle X6b)"),
     RetiredOption("switch", "fp8_normed_input_linears", "molmo2-fp8-normed-h200 (X8 dropped at its oracle X8b)"),
     RetiredOption("switch", "staged_update", "molmo2-staged-update-h200 (park-x9)"),
+    RetiredOption("switch", "clip_in_adamw", "molmo2-x4-landed-h200 (park-x4)"),
     RetiredOption("value", "suffix_attention", "molmo2-sflex-h200 (reached no outcome)", value="flex"),
     RetiredOption("key", "pack_multiple", "no ladder landing it"),
     RetiredOption("key", "compile_dynamic", "no ladder landing it"),

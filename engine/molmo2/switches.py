@@ -14,6 +14,7 @@ RETIRED = {
     "fp8_rowwise_decoder_linears": "X6, the decoder blocks' four linears as float8 matmuls (rowwise scales)",
     "fp8_normed_input_linears": "X8, the decoder blocks' two RMSNorm-reading linears as float8 matmuls",
     "staged_update": "X9, X7's update in stages, each waited for where the next step's forward first reads it",
+    "clip_in_adamw": "X4, the gradient clip folded into the fused AdamW's grad_scale instead of a multiply pass first",
 }
 
 
@@ -34,10 +35,6 @@ class Switches:
     # X2: the frozen ViT's attention on fp16 inputs (FLASH under CUDA; 10 bits of mantissa, 3 more than bf16) instead
     # of the hub's fp32, in training mode only, on any device. A numerics change.
     vit_fp16_attention: bool = False
-    # X4: the gradient clip folded into the fused AdamW (its grad_scale, as GradScaler uses it) instead of a multiply
-    # over every gradient first. Below the clip the update is the baseline's bitwise; above it, a divide by 1/c
-    # instead of a multiply by c. Needs the fused AdamW.
-    clip_in_adamw: bool = False
     # X7: the optimizer step (clip and AdamW) on a side stream, under the next step's frozen-ViT forward, which reads
     # no trainable weight; the next step's first trainable read waits for it. The same kernels on the same inputs:
     # bitwise the baseline's update, only its place on the device's timeline moves. CUDA and one process only.

@@ -230,29 +230,10 @@ class Trainer:
 
     def _update(self) -> torch.Tensor:
         self._set_lr()
-        if self.model.switches.clip_in_adamw:
-            grad_norm = self._clip_in_adamw()
-            self.optimizer.step()
-            del self.optimizer.grad_scale  # this step's only: an interleaved baseline rung's next step must not see it
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
-            self.optimizer.step()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
+        self.optimizer.step()
         self.steps_done += 1
         return grad_norm
-
-    def _clip_in_adamw(self) -> torch.Tensor:
-        """X4: clip_grad_norm_'s norm and coefficient, the coefficient handed to the fused AdamW as grad_scale
-        (each gradient divided by 1/c as the optimizer reads it) instead of a multiply over every gradient first.
-        Returns the pre-clip norm, as clip_grad_norm_ does."""
-        if not (type(self.optimizer) is torch.optim.AdamW and self.optimizer.defaults.get("fused")):
-            raise ValueError(
-                "clip_in_adamw (X4) needs the fused torch.optim.AdamW (this workload's on CUDA); this run's optimizer "
-                f"is {type(self.optimizer).__name__} (fused={self.optimizer.defaults.get('fused')})"
-            )
-        norm = torch.nn.utils.get_total_norm([p.grad for p in self.trainable if p.grad is not None])
-        coefficient = torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0)
-        self.optimizer.grad_scale = 1.0 / coefficient
-        return norm
 
     def _drain(self) -> None:
         """Waits for the device to finish what the step enqueued. With X7 that is the current stream's work only:
