@@ -361,6 +361,11 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
+    # ... with X10 (the trainable linears' weights in bf16 over fp32 masters, one fused update): not landed
+    "packed-varlen-cudnn-one-pass-x2-x7-x10": (
+        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
+        (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights"),
+    ),
     # ... with inductor's coordinate-descent tuning of every compiled Triton kernel (compile_tuning): not landed
     "packed-varlen-cudnn-one-pass-x2-x7-cdt": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn", "compile_tuning": "coordinate-descent"},

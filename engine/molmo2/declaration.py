@@ -30,6 +30,8 @@ SWITCHES = {
     "(the same update, bitwise; CUDA, one process)",
     "staged_update": "X9 (retired: parked by its ladder; its code left the workload): X7's update in stages "
     "(embedding side, each decoder block, head side), each waited for where the next step's forward first reads it",
+    "bf16_linear_weights": "X10: the trainable linears' weights held in bf16 over fp32 masters that one fused "
+    "update (clip, AdamW, the bf16 copy) writes; their gradients bf16 (CUDA, one process, one backward chunk)",
 }
 
 _TOL = frozenset({"tolerance"})

@@ -57,6 +57,11 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
             f"X7 overlaps the optimizer with the next step on a second CUDA stream; profile {runner.profile.name} "
             "trains on the CPU, which has one timeline"
         )
+    if switch == "bf16_linear_weights" and runner.device.type != "cuda":
+        return (
+            f"X10's update is Triton kernels over bf16 weights under bf16 autocast; profile {runner.profile.name} "
+            "trains on the CPU in fp32"
+        )
     return None
 
 

@@ -264,7 +264,7 @@ class Molmo2Runner:
     def decode(self, samples: list) -> list[list[int]]:
         batch = self.collator(samples).to(self.device)
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.trainer.master_weights():  # decode runs eager, in fp32
             ids = ar_greedy_decode(
                 self.model, batch.prefix, batch.suffix.input_ids[:, :1], self.geometry.decode_tokens, self.layout.end_id
             )
@@ -318,7 +318,8 @@ class Molmo2Runner:
         from engine.molmo2.model.checkpoint import write_checkpoint
 
         if self.ranks.writer:
-            write_checkpoint(self.model, self.config, directory)
+            with self.trainer.master_weights():
+                write_checkpoint(self.model, self.config, directory)
         save_training_state(self.trainer, os.path.join(directory, OPTIMIZER_STATE), self.ranks)
 
     def close(self) -> None:
@@ -329,6 +330,7 @@ class Molmo2Runner:
     def fresh(self, switches: Switches) -> Trainer:
         """The initial weights again, the given switches, a new optimizer: every probe arm starts alike."""
         if self.trainer is not None:
+            self.trainer.release_weights()  # fp32 parameters of their own (X10 undone), to reload below
             self.trainer.settle()  # the weights are reloaded below: no update may still be writing them
         if self._initial is None:
             self._initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}

@@ -39,6 +39,11 @@ class Switches:
     # no trainable weight; the next step's first trainable read waits for it. The same kernels on the same inputs:
     # bitwise the baseline's update, only its place on the device's timeline moves. CUDA and one process only.
     optimizer_overlaps_vision: bool = False
+    # X10: the trainable linears' weights held in bf16 (autocast's cast of them, made once per update instead of
+    # before every matmul) over fp32 masters in the optimizer, whose one fused pass per bucket clips, steps AdamW
+    # and writes the bf16 weights; their gradients stay bf16. CUDA, one process, one backward chunk. A numerics
+    # change where gradients are summed and in the update's rounding.
+    bf16_linear_weights: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -26,6 +26,7 @@ from engine.memory.meter import MemoryMeter
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, set_ar_trainable
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
 from engine.molmo2.model.model import Molmo2Model
+from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_names
 
 if TYPE_CHECKING:
     from engine.molmo2.run_config import Molmo2RunConfig
@@ -149,7 +150,8 @@ class Trainer:
         self.config = config
         self.device = device
         self.sync = sync if sync is not None else GradientSync()
-        self.optimizer = make_optimizer(model, config, optimizer_factory)
+        self.optimizer_factory = optimizer_factory
+        self.optimizer: torch.optim.Optimizer = make_optimizer(model, config, optimizer_factory)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.steps_done = 0
@@ -178,6 +180,53 @@ class Trainer:
         if self.update_in_flight is not None:
             torch.cuda.current_stream(self.device).wait_event(self.update_in_flight)
             self.update_in_flight = None
+
+    def _weights_for_switches(self) -> None:
+        """X10 on: the trainable linears become bf16 over fp32 masters in a MasterAdamW; off: fp32 parameters and
+        torch's AdamW again. Moments and step carry over either way. Read at each step, as X7 is: an interleaved
+        ladder turns it on and off in one process."""
+        wanted = self.model.switches.bf16_linear_weights
+        if wanted == isinstance(self.optimizer, MasterAdamW):
+            return
+        self.settle()  # no update may still be writing the weights being moved
+        if not wanted:
+            self.release_weights()
+            return
+        if self.config.backward_chunks != 1:
+            raise ValueError(
+                f"bf16_linear_weights (X10) keeps gradients in bf16; backward_chunks = {self.config.backward_chunks} "
+                "would sum the chunks' gradients in bf16: use it with backward_chunks = 1"
+            )
+        if self.device.type != "cuda" or type(self.sync) is not GradientSync or self.optimizer_factory is not adamw:
+            raise ValueError(
+                "bf16_linear_weights (X10) runs its update as Triton kernels over one process's whole AdamW state; "
+                f"this run trains on {self.device.type} with {self.sync.world_size} rank(s) and "
+                f"{getattr(self.optimizer_factory, '__name__', self.optimizer_factory)}: use it on a CUDA profile "
+                "with one rank and plain AdamW"
+            )
+        names = shadowed_names(self.model)
+        shadowed = {p for name, p in self.model.named_parameters() if name in names}
+        self.optimizer = MasterAdamW.from_adamw(self.optimizer, shadowed)
+
+    def release_weights(self) -> None:
+        """Every parameter an fp32 tensor of its own again and torch's AdamW over them (X10 undone; a no-op
+        without it): before the weights are reloaded or the switch is turned off."""
+        if isinstance(self.optimizer, MasterAdamW):
+            self.settle()
+            states = self.optimizer.release()
+            self.optimizer = make_optimizer(self.model, self.config, self.optimizer_factory)
+            self.optimizer.state.update(states)  # the learning rates follow steps_done at the next update
+
+    @contextmanager
+    def master_weights(self) -> Iterator[None]:
+        """The model's parameters at full precision for the duration (checkpoints, fp32 decoding): with X10 the
+        shadowed linears read and write their fp32 masters; without it the parameters already are fp32."""
+        self.settle()
+        if isinstance(self.optimizer, MasterAdamW):
+            with self.optimizer.masters():
+                yield
+        else:
+            yield
 
     def _set_lr(self) -> None:
         scale = min(1.0, (self.steps_done + 1) / self.config.warmup) if self.config.warmup else 1.0
@@ -230,8 +279,11 @@ class Trainer:
 
     def _update(self) -> torch.Tensor:
         self._set_lr()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
-        self.optimizer.step()
+        if isinstance(self.optimizer, MasterAdamW):
+            grad_norm = self.optimizer.clip_and_step(self.config.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
+            self.optimizer.step()
         self.steps_done += 1
         return grad_norm
 
@@ -247,6 +299,7 @@ class Trainer:
     def step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (loss, grad norm) as device tensors (no host sync here). Across ranks the
         loss is this rank's share of the global mean (its chunk sums over the global token count)."""
+        self._weights_for_switches()
         loss = self.accumulate_gradients(step)
         grad_norm = self.update()
         return loss, grad_norm
