@@ -71,7 +71,9 @@ def baseline_arm(shapes, warmup: int, repeats: int) -> dict:
 def x10_arm(shapes, warmup: int, repeats: int) -> dict:
     params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for _, s in shapes]
     shadowed = {p for p, (is_shadowed, _) in zip(params, shapes) if is_shadowed}
-    optimizer = MasterAdamW.from_adamw(torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, fused=True), shadowed)
+    optimizer = MasterAdamW.from_adamw(
+        torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, weight_decay=0.0, fused=True), shadowed
+    )
     for p in params:
         p.grad = torch.randn_like(p)  # bf16 for the shadowed: their parameters are bf16 now
     seconds = timed(lambda: optimizer.clip_and_step(MAX_NORM), warmup, repeats)

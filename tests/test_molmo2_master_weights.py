@@ -156,10 +156,11 @@ def test_x10s_probe_on_the_cpu_says_why_it_switches_nothing():
 # ---- CUDA ----
 
 
-def _reference_step(params, grads, groups_lr, max_norm, steps):
-    """clip_grad_norm_ and torch's fused AdamW on fp32 copies: what X10's kernels must reproduce."""
+def _reference_step(params, grads, lr, max_norm, steps, betas=ADAM_BETAS):
+    """clip_grad_norm_ and torch's fused AdamW (weight decay 0.01, its default) on fp32 copies: what X10's kernels
+    must reproduce."""
     ref = [p.detach().clone().float().requires_grad_() for p in params]
-    opt = torch.optim.AdamW([{"params": ref, "lr": groups_lr}], betas=ADAM_BETAS, weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW([{"params": ref, "lr": lr}], betas=betas, weight_decay=0.01, fused=True)
     norms = []
     for step_grads in grads[:steps]:
         for r, g in zip(ref, step_grads):
@@ -180,12 +181,15 @@ def test_the_fused_update_is_clip_and_adamw_and_its_bf16_weights_are_the_masters
     start = [p.detach().clone() for p in params]
     grads = [[torch.randn(s, generator=g, device="cuda") for s in shapes] for _ in range(3)]
     grads = [[x.to(torch.bfloat16) if p in shadowed else x for x, p in zip(step, params)] for step in grads]
-    adamw = torch.optim.AdamW([{"params": params, "lr": 1e-2}], betas=ADAM_BETAS, fused=True)
+    adamw = torch.optim.AdamW([{"params": params, "lr": 1e-2}], betas=ADAM_BETAS, weight_decay=0.01, fused=True)
     master = MasterAdamW.from_adamw(adamw, shadowed)
     norms = []
     for step_grads in grads:
         for p, x in zip(params, step_grads):
             p.grad = x.clone()
+        # a gradient that is a view into a larger one (as a cat's backward leaves), off the allocator's alignment
+        wide = torch.empty(params[2].numel() + 3, dtype=torch.bfloat16, device="cuda")
+        params[2].grad = wide[3:].view(params[2].shape).copy_(step_grads[2])
         norms.append(master.clip_and_step(max_norm))
     ref, ref_norms = _reference_step(start, grads, 1e-2, max_norm, 3)
     for a, b in zip(norms, ref_norms):
@@ -201,12 +205,12 @@ def test_the_fused_update_is_clip_and_adamw_and_its_bf16_weights_are_the_masters
 @pytest.mark.gpu
 @cuda
 def test_a_planted_fault_in_the_update_is_caught():
-    """The comparison above can fail: a beta2 the kernel does not use moves the masters past its tolerance."""
+    """The comparison above can fail: a beta2 the reference does not use moves the masters past its tolerance."""
     g = torch.Generator(device="cuda").manual_seed(1)
     params = [torch.nn.Parameter(torch.randn(BLOCK + 3, generator=g, device="cuda"))]
     start = [params[0].detach().clone()]
     grads = [[torch.randn(BLOCK + 3, generator=g, device="cuda")] for _ in range(3)]
-    adamw = torch.optim.AdamW([{"params": params, "lr": 1e-2}], betas=(0.9, 0.5), fused=True)
+    adamw = torch.optim.AdamW([{"params": params, "lr": 1e-2}], betas=(0.9, 0.5), weight_decay=0.01, fused=True)
     master = MasterAdamW.from_adamw(adamw, set())
     for (x,) in grads:
         params[0].grad = x.clone()

@@ -159,8 +159,10 @@ class MasterAdamW(torch.optim.Optimizer):
                         bucket.view(bucket.shadow, i).copy_(bucket.view(bucket.master, i))
                         p.data = bucket.view(bucket.shadow, i)
 
-    def _grad_ptrs(self, bucket: Bucket) -> torch.Tensor:
-        ptrs = []
+    def _gradients(self, bucket: Bucket) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The bucket's gradients (kept alive until the kernels are enqueued) and each one's element offset from
+        the first one's address (on the device)."""
+        grads = []
         for p in bucket.params:
             g = p.grad
             if g is None:
@@ -169,13 +171,17 @@ class MasterAdamW(torch.optim.Optimizer):
                     "trainable each step with one step count: train it, or freeze it"
                 )
             assert g.is_contiguous() and g.dtype == p.dtype, (g.dtype, p.dtype, g.stride())
-            ptrs.append(g.data_ptr())
-        return torch.tensor(ptrs, dtype=torch.int64).to(bucket.master.device, non_blocking=True)
+            if g.data_ptr() % 512:  # a view into a larger gradient (a cat's backward): an aligned copy of its own
+                g = g.clone()
+            grads.append(g)
+        base, size = grads[0].data_ptr(), grads[0].element_size()
+        offsets = [(g.data_ptr() - base) // size for g in grads]  # multiples of 512 bytes: of ALIGN elements too
+        return grads, torch.tensor(offsets, dtype=torch.int64).to(bucket.master.device, non_blocking=True)
 
     @torch.no_grad()
     def clip_and_step(self, max_norm: float) -> torch.Tensor:
         """clip_grad_norm_(max_norm) and AdamW's step over every bucket; returns the pre-clip total norm."""
-        ptrs = [self._grad_ptrs(b) for b in self.buckets]
+        gradients = [self._gradients(b) for b in self.buckets]
         device = self.buckets[0].master.device
         if device.type != "cuda":
             raise ValueError(f"X10's update is two Triton kernels, CUDA only; these parameters are on {device}")
@@ -183,22 +189,22 @@ class MasterAdamW(torch.optim.Optimizer):
 
         partial = torch.empty(sum(b.block_tensor.numel() for b in self.buckets), dtype=torch.float32, device=device)
         start = 0
-        for bucket, grad_ptrs in zip(self.buckets, ptrs):
+        for bucket, (grads, grad_offsets) in zip(self.buckets, gradients):
             end = start + bucket.block_tensor.numel()
-            kernels.square_sums(grad_ptrs, bucket.block_tensor, bucket.block_start, bucket.sizes,
-                                      partial[start:end], bucket.shadowed)  # fmt: skip
+            kernels.square_sums(grads[0], grad_offsets, bucket.block_tensor, bucket.block_start, bucket.sizes,
+                                partial[start:end])  # fmt: skip
             start = end
         square_sum = partial.sum()
         self.steps += 1
-        for bucket, grad_ptrs in zip(self.buckets, ptrs):
+        for bucket, (grads, grad_offsets) in zip(self.buckets, gradients):
             group = self.param_groups[bucket.group]
             beta1, beta2 = group["betas"]
             kernels.adamw(
-                grad_ptrs, bucket.block_tensor, bucket.block_start, bucket.sizes, bucket.offsets_table,
+                grads[0], grad_offsets, bucket.block_tensor, bucket.block_start, bucket.sizes, bucket.offsets_table,
                 bucket.master, bucket.exp_avg, bucket.exp_avg_sq, bucket.shadow, square_sum,
                 max_norm=max_norm, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                 weight_decay=group["weight_decay"], bias_correction1=1 - beta1**self.steps,
-                bias_correction2_sqrt=math.sqrt(1 - beta2**self.steps), grad_bf16=bucket.shadowed,
+                bias_correction2_sqrt=math.sqrt(1 - beta2**self.steps),
             )  # fmt: skip
         return square_sum.sqrt()
 

@@ -2,9 +2,9 @@
 time: the gradients' square sums (the clip's norm), then clip, AdamW and the bf16 copy in one pass.
 
 A bucket's fp32 masters and Adam moments live in flat buffers at `offsets`; its gradients are autograd's own
-tensors, reached through a table of their addresses (`grad_ptrs`), so no gradient is copied into a flat buffer
-first. Every block of BLOCK elements lies in one tensor: `block_tensor` and `block_start` say which, and where.
-Importing this module needs Triton (CUDA only)."""
+tensors, reached as element offsets (`grad_offsets`) from the first one (`grads`), so no gradient is copied into
+a flat buffer first. Every block of BLOCK elements lies in one tensor: `block_tensor` and `block_start` say which,
+and where. Importing this module needs Triton (CUDA only)."""
 
 from __future__ import annotations
 
@@ -18,30 +18,28 @@ WARPS = 8  # 16 elements per thread at BLOCK = 4096
 
 
 @triton.jit
-def _gradient(grad_ptrs, tensor, index, mask, GRAD_BF16: tl.constexpr):
-    address = tl.multiple_of(tl.load(grad_ptrs + tensor), 16)  # the caching allocator aligns to 512 bytes
-    if GRAD_BF16:
-        g = tl.load(address.to(tl.pointer_type(tl.bfloat16)) + index, mask=mask, other=0.0)
-    else:
-        g = tl.load(address.to(tl.pointer_type(tl.float32)) + index, mask=mask, other=0.0)
-    return g.to(tl.float32)
+def _gradient(grads, grad_offsets, tensor, index, mask):
+    # Each gradient as an element offset from the first one's address: the kernel indexes one typed pointer, whose
+    # 16-byte alignment Triton knows, so the loads vectorise like the flat buffers' (the caching allocator aligns
+    # every gradient to 512 bytes, so each offset is a multiple of 16 elements).
+    start = tl.multiple_of(tl.load(grad_offsets + tensor), 16)
+    return tl.load(grads + start + index, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _square_sums_kernel(
-    grad_ptrs, block_tensor, block_start, sizes, partial, BLOCK: tl.constexpr, GRAD_BF16: tl.constexpr
-):
+def _square_sums_kernel(grads, grad_offsets, block_tensor, block_start, sizes, partial, BLOCK: tl.constexpr):
     b = tl.program_id(0)
     tensor = tl.load(block_tensor + b)
     index = tl.multiple_of(tl.load(block_start + b), BLOCK) + tl.arange(0, BLOCK)
     mask = index < tl.load(sizes + tensor)
-    g = _gradient(grad_ptrs, tensor, index, mask, GRAD_BF16)
+    g = _gradient(grads, grad_offsets, tensor, index, mask)
     tl.store(partial + b, tl.sum(g * g, axis=0))
 
 
 @triton.jit
 def _adamw_kernel(
-    grad_ptrs,
+    grads,
+    grad_offsets,
     block_tensor,
     block_start,
     sizes,
@@ -60,7 +58,6 @@ def _adamw_kernel(
     bias_correction1,
     bias_correction2_sqrt,
     BLOCK: tl.constexpr,
-    GRAD_BF16: tl.constexpr,
     SHADOW: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -70,7 +67,7 @@ def _adamw_kernel(
     flat = tl.multiple_of(tl.load(offsets + tensor), 16) + index
     # clip_grad_norm_'s coefficient, clamped at 1, from the whole step's norm; applied in fp32 to every gradient
     coefficient = tl.minimum(max_norm / (tl.sqrt(tl.load(square_sum)) + 1e-6), 1.0)
-    g = _gradient(grad_ptrs, tensor, index, mask, GRAD_BF16) * coefficient
+    g = _gradient(grads, grad_offsets, tensor, index, mask) * coefficient
     p = tl.load(master + flat, mask=mask)
     m = tl.load(exp_avg + flat, mask=mask)
     v = tl.load(exp_avg_sq + flat, mask=mask)
@@ -87,20 +84,20 @@ def _adamw_kernel(
         tl.store(shadow + flat, p.to(tl.bfloat16), mask=mask)
 
 
-def square_sums(grad_ptrs, block_tensor, block_start, sizes, partial: torch.Tensor, grad_bf16: bool) -> None:
+def square_sums(grads: torch.Tensor, grad_offsets, block_tensor, block_start, sizes, partial: torch.Tensor) -> None:
     blocks = block_tensor.numel()
     _square_sums_kernel[(blocks,)](
-        grad_ptrs, block_tensor, block_start, sizes, partial, BLOCK=BLOCK, GRAD_BF16=grad_bf16, num_warps=WARPS
+        grads, grad_offsets, block_tensor, block_start, sizes, partial, BLOCK=BLOCK, num_warps=WARPS
     )
 
 
-def adamw(grad_ptrs, block_tensor, block_start, sizes, offsets, master, exp_avg, exp_avg_sq, shadow,
-          square_sum, *, max_norm, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt,
-          grad_bf16: bool) -> None:  # fmt: skip
+def adamw(grads: torch.Tensor, grad_offsets, block_tensor, block_start, sizes, offsets, master, exp_avg, exp_avg_sq,
+          shadow, square_sum, *, max_norm, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+          bias_correction2_sqrt) -> None:  # fmt: skip
     blocks = block_tensor.numel()
     _adamw_kernel[(blocks,)](
-        grad_ptrs, block_tensor, block_start, sizes, offsets, master, exp_avg, exp_avg_sq,
+        grads, grad_offsets, block_tensor, block_start, sizes, offsets, master, exp_avg, exp_avg_sq,
         shadow if shadow is not None else master, square_sum,
         max_norm, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt,
-        BLOCK=BLOCK, GRAD_BF16=grad_bf16, SHADOW=shadow is not None, num_warps=WARPS,
+        BLOCK=BLOCK, SHADOW=shadow is not None, num_warps=WARPS,
     )  # fmt: skip
