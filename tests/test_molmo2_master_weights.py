@@ -196,7 +196,7 @@ def test_the_fused_update_is_clip_and_adamw_and_its_bf16_weights_are_the_masters
         assert math.isclose(float(a), float(b), rel_tol=1e-5)
     for bucket in master.buckets:
         for i, p in enumerate(bucket.params):
-            r = ref[params.index(p)].detach()
+            r = ref[next(j for j, q in enumerate(params) if q is p)].detach()
             torch.testing.assert_close(bucket.view(bucket.master, i), r, rtol=1e-5, atol=1e-6)  # fp32 rounding
             if bucket.shadowed:
                 assert torch.equal(p, bucket.view(bucket.master, i).to(torch.bfloat16))

@@ -18,22 +18,32 @@ WARPS = 8  # 16 elements per thread at BLOCK = 4096
 
 
 @triton.jit
-def _gradient(grads, grad_offsets, tensor, index, mask):
+def _block(block_tensor, block_start, sizes, BLOCK: tl.constexpr):
+    """This program's tensor, its element indices, the load mask (to the tensor's size rounded up to ALIGN, so
+    that it is constant over every 16 elements and the loads vectorise) and the mask of its real elements."""
+    tensor = tl.load(block_tensor + tl.program_id(0))
+    index = tl.multiple_of(tl.load(block_start + tl.program_id(0)), BLOCK) + tl.arange(0, BLOCK)
+    size = tl.load(sizes + tensor)
+    padded = tl.multiple_of((size + 15) // 16 * 16, 16)
+    return tensor, index, index < padded, index < size
+
+
+@triton.jit
+def _gradient(grads, grad_offsets, tensor, index, load_mask, real):
     # Each gradient as an element offset from the first one's address: the kernel indexes one typed pointer, whose
     # 16-byte alignment Triton knows, so the loads vectorise like the flat buffers' (the caching allocator aligns
-    # every gradient to 512 bytes, so each offset is a multiple of 16 elements).
+    # every gradient to 512 bytes, so each offset is a multiple of 16 elements, and rounds its size up to 512 bytes,
+    # so the load past a gradient's end to the next 16 elements stays in its block; those lanes count as 0).
     start = tl.multiple_of(tl.load(grad_offsets + tensor), 16)
-    return tl.load(grads + start + index, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(grads + start + index, mask=load_mask, other=0.0).to(tl.float32)
+    return tl.where(real, g, 0.0)
 
 
 @triton.jit
 def _square_sums_kernel(grads, grad_offsets, block_tensor, block_start, sizes, partial, BLOCK: tl.constexpr):
-    b = tl.program_id(0)
-    tensor = tl.load(block_tensor + b)
-    index = tl.multiple_of(tl.load(block_start + b), BLOCK) + tl.arange(0, BLOCK)
-    mask = index < tl.load(sizes + tensor)
-    g = _gradient(grads, grad_offsets, tensor, index, mask)
-    tl.store(partial + b, tl.sum(g * g, axis=0))
+    tensor, index, load_mask, real = _block(block_tensor, block_start, sizes, BLOCK)
+    g = _gradient(grads, grad_offsets, tensor, index, load_mask, real)
+    tl.store(partial + tl.program_id(0), tl.sum(g * g, axis=0))
 
 
 @triton.jit
@@ -60,14 +70,11 @@ def _adamw_kernel(
     BLOCK: tl.constexpr,
     SHADOW: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    tensor = tl.load(block_tensor + b)
-    index = tl.multiple_of(tl.load(block_start + b), BLOCK) + tl.arange(0, BLOCK)
-    mask = index < tl.load(sizes + tensor)
-    flat = tl.multiple_of(tl.load(offsets + tensor), 16) + index
+    tensor, index, mask, real = _block(block_tensor, block_start, sizes, BLOCK)
+    flat = tl.multiple_of(tl.load(offsets + tensor), 16) + index  # the flat buffers hold each tensor's padding too
     # clip_grad_norm_'s coefficient, clamped at 1, from the whole step's norm; applied in fp32 to every gradient
     coefficient = tl.minimum(max_norm / (tl.sqrt(tl.load(square_sum)) + 1e-6), 1.0)
-    g = _gradient(grads, grad_offsets, tensor, index, mask) * coefficient
+    g = _gradient(grads, grad_offsets, tensor, index, mask, real) * coefficient  # 0 on the padding: it stays 0
     p = tl.load(master + flat, mask=mask)
     m = tl.load(exp_avg + flat, mask=mask)
     v = tl.load(exp_avg_sq + flat, mask=mask)
