@@ -11,6 +11,7 @@ import pytest
 import torch
 from molmo2_fixtures import make_runner, tiny_model, train_config
 
+from engine.molmo2.attention.execution import Execution
 from engine.molmo2.switches import Switches
 from engine.molmo2.train.master_adamw import ALIGN, BLOCK, MasterAdamW, shadowed_names
 from engine.molmo2.train.step import ADAM_BETAS, Trainer
@@ -121,6 +122,34 @@ def test_the_masters_context_gives_fp32_weights_and_writes_reach_the_bf16_copy(p
     assert weight.dtype == torch.bfloat16 and torch.equal(weight, torch.full_like(weight, 0.3))
 
 
+def test_every_change_of_the_weights_dtype_drops_the_compiled_graphs(pool):
+    """A graph compiled for fp32 weights must never run on their bf16 copies (nor the reverse): moving in, each
+    way through the masters' context, and moving out each make the next compiled call compile again."""
+    compiles = []
+
+    def backend(graph, inputs):
+        compiles.append(len(inputs))
+        return graph.forward
+
+    doubled = torch.compile(lambda x: x * 2, backend=backend)
+    x = torch.ones(3)
+    doubled(x)
+    doubled(x)
+    assert len(compiles) == 1  # cached
+    trainer = _trained(pool, steps=1)
+    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))
+    doubled(x)
+    assert len(compiles) == 2
+    with master.masters():
+        doubled(x)
+        assert len(compiles) == 3
+    doubled(x)
+    assert len(compiles) == 4
+    master.release()
+    doubled(x)
+    assert len(compiles) == 5
+
+
 def test_x10_refuses_the_cpu_and_several_chunks_with_the_fix(pool):
     model = tiny_model(seed=3)
     model.switches = X10
@@ -218,6 +247,32 @@ def test_a_planted_fault_in_the_update_is_caught():
     ref, _ = _reference_step(start, grads, 1e-2, 1e3, 3)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(master.buckets[0].master, ref[0].detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
+def test_compiled_blocks_follow_the_weights_dtype_back_and_forth_on_cuda(pool):
+    """The gate's order: a compiled baseline step, then X10's from the same weights, then the baseline's again.
+    A graph compiled for one dtype run on the other reads past a bf16 weight's end (an illegal address at 4B)."""
+    step = pool[0]
+    step = step.__class__(tuple(c.to("cuda") for c in step.chunks), step.loss_tokens, step.useful_tokens)
+    model = tiny_model(seed=3).cuda()
+    model.set_execution(Execution(compile=True))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    losses, trainer = [], None
+    for switches in (Switches(), X10, Switches()):
+        if trainer is not None:
+            trainer.release_weights()
+        model.load_state_dict(initial)
+        model.zero_grad(set_to_none=True)
+        model.switches = switches
+        trainer = Trainer(model, train_config(batch=4, backward_chunks=1), torch.device("cuda"))
+        losses.append(float(trainer.step(step)[0]))
+        trainer.settle()
+        torch.cuda.synchronize()
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[2] == losses[0]  # the baseline's graph again, on fp32 weights again
+    assert abs(losses[1] - losses[0]) < 1e-2
 
 
 @pytest.mark.gpu

@@ -61,6 +61,14 @@ def shadowed_names(model: nn.Module) -> set[str]:
     }
 
 
+def forget_compiled_graphs() -> None:
+    """The shadowed parameters just changed dtype under the same Parameter objects: Dynamo's guards on a module's
+    parameters can pass on the unchanged objects, and a graph compiled for the other dtype would then read a bf16
+    weight as fp32, past its end (an illegal address on the H200). Every compiled graph is dropped; the next call
+    compiles again, from inductor's on-disk cache when it holds the graph."""
+    torch._dynamo.reset()
+
+
 def _layout(params: list[nn.Parameter], align: int) -> tuple[list[int], int]:
     offsets, end = [], 0
     for p in params:
@@ -108,6 +116,7 @@ class MasterAdamW(torch.optim.Optimizer):
                 if params:
                     masters = [p.detach().float() for p in params]
                     self.buckets.append(_bucket(index, params, is_shadowed, masters))
+        forget_compiled_graphs()
 
     @classmethod
     def from_adamw(cls, optimizer: torch.optim.Optimizer, shadowed: set[nn.Parameter]) -> "MasterAdamW":
@@ -140,6 +149,7 @@ class MasterAdamW(torch.optim.Optimizer):
                         "exp_avg_sq": bucket.view(bucket.exp_avg_sq, i).clone(),
                     }
         self.buckets = []
+        forget_compiled_graphs()
         return states
 
     @contextmanager
@@ -150,6 +160,7 @@ class MasterAdamW(torch.optim.Optimizer):
             if bucket.shadowed:
                 for i, p in enumerate(bucket.params):
                     p.data = bucket.view(bucket.master, i)
+        forget_compiled_graphs()
         try:
             yield
         finally:
@@ -158,6 +169,7 @@ class MasterAdamW(torch.optim.Optimizer):
                     for i, p in enumerate(bucket.params):
                         bucket.view(bucket.shadow, i).copy_(bucket.view(bucket.master, i))
                         p.data = bucket.view(bucket.shadow, i)
+            forget_compiled_graphs()
 
     def _gradients(self, bucket: Bucket) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The bucket's gradients (kept alive until the kernels are enqueued) and each one's element offset from
