@@ -33,7 +33,7 @@ def _gradient(grads, grad_offsets, tensor, index, load_mask, real):
     # Each gradient as an element offset from the first one's address: the kernel indexes one typed pointer, whose
     # 16-byte alignment Triton knows, so the loads vectorise like the flat buffers' (the caching allocator aligns
     # every gradient to 512 bytes, so each offset is a multiple of 16 elements, and rounds its size up to 512 bytes,
-    # so the load past a gradient's end to the next 16 elements stays in its block; those lanes count as 0).
+    # so the load past a gradient's end to the next 16 elements stays in its block; those elements count as 0).
     start = tl.multiple_of(tl.load(grad_offsets + tensor), 16)
     g = tl.load(grads + start + index, mask=load_mask, other=0.0).to(tl.float32)
     return tl.where(real, g, 0.0)
