@@ -55,6 +55,12 @@ RULE_CASES = {
         "baseline_switches",
         "second CUDA stream of one process",
     ),
+    "_bf16_weights_need_one_cuda_process_and_chunk": (
+        CPU,
+        {"baseline_switches": ["bf16_linear_weights"]},
+        "baseline_switches",
+        "Triton kernels in one CUDA process",
+    ),
 }
 
 
@@ -77,6 +83,13 @@ MORE_REFUSED = [
     (CPU, {"chunk_grad_allreduce": True}, "chunk_grad_allreduce", "needs several processes"),
     (CPU_X2, {"ddp": False}, "ddp", "need a gradient sync"),
     (H200_X2, {"baseline_switches": ["optimizer_overlaps_vision"]}, "baseline_switches", "2 process(es)"),
+    (H200_X2, {"baseline_switches": ["bf16_linear_weights"]}, "baseline_switches", "2 process(es)"),
+    (
+        H200,
+        {"baseline_switches": ["bf16_linear_weights"], "backward_chunks": 2},
+        "baseline_switches",
+        "backward_chunks = 2 would sum the chunks' gradients in bf16",
+    ),
     (CPU, {"suffix_attention": "flex"}, "suffix_attention", "needs CUDA"),
     (CPU, {"batch": 12, "backward_chunks": 5}, "backward_chunks", "allowed with this batch: [1, 2, 3, 4, 6, 12]"),
 ]
@@ -95,6 +108,7 @@ ALLOWED = [
     (CPU, {"pack": True, "pack_attention": "packed", "pack_one_pass": False}),
     (CPU_X2, {"ddp": False, "chunk_grad_allreduce": True, "ddp_wrapper": False, "zero1": True}),
     (H200, {"baseline_switches": ["optimizer_overlaps_vision"]}),
+    (H200, {"baseline_switches": ["bf16_linear_weights"]}),
     (CPU, {"batch": 12, "backward_chunks": 4}),
 ]
 

@@ -315,6 +315,26 @@ def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> Non
         )
 
 
+def _bf16_weights_need_one_cuda_process_and_chunk(c: Molmo2RunConfig, profile: Profile) -> None:
+    """X10 updates one process's whole AdamW state in Triton kernels and keeps the linears' gradients in bf16."""
+    if "bf16_linear_weights" not in c.baseline_switches:
+        return
+    if profile.device != "cuda" or profile.world_size > 1:
+        raise ConfigConflict(
+            ("baseline_switches",),
+            "bf16_linear_weights in baseline_switches runs its update as Triton kernels in one CUDA process; profile "
+            f"{profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it from "
+            "baseline_switches",
+        )
+    if c.backward_chunks != 1:
+        raise ConfigConflict(
+            ("baseline_switches", "backward_chunks"),
+            "bf16_linear_weights in baseline_switches keeps the linears' gradients in bf16; backward_chunks = "
+            f"{c.backward_chunks} would sum the chunks' gradients in bf16; fix: set backward_chunks = 1, or remove it "
+            "from baseline_switches",
+        )
+
+
 CROSS_KEY_RULES = (
     _batch_splits_into_chunks,
     _packing_options_need_pack,
@@ -326,6 +346,7 @@ CROSS_KEY_RULES = (
     _compile_dynamic_needs_compile,
     _pack_multiple_needs_pack,
     _overlap_needs_one_cuda_process,
+    _bf16_weights_need_one_cuda_process_and_chunk,
 )
 
 # --- defaults ------------------------------------------------------------------------------------------------
