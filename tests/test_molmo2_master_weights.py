@@ -150,6 +150,32 @@ def test_every_change_of_the_weights_dtype_drops_the_compiled_graphs(pool):
     assert len(compiles) == 5
 
 
+def test_a_checkpoint_and_a_decode_read_the_masters(tmp_path):
+    """With the linears in bf16, `runner.save` writes the fp32 masters (not their bf16 copies) and a training state
+    plain AdamW resumes from; the fp32 decode runs on the masters too (bf16 weights would not multiply fp32
+    activations on the CPU), and the bf16 weights are back after each."""
+    from engine.molmo2.model.checkpoint import load_checkpoint
+    from engine.molmo2.train.distributed import OPTIMIZER_STATE, load_training_state, resume_unsharded
+
+    runner = make_runner(batch=4, backward_chunks=1)
+    runner.load()
+    runner.trainer.step(runner.pool[0])
+    trainer = runner.trainer
+    trainer.optimizer = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))  # X10's conversion
+    bucket = next(b for b in trainer.optimizer.buckets if b.shadowed and trainer.model.fast_head.weight in b.params)
+    master = bucket.view(bucket.master, bucket.params.index(trainer.model.fast_head.weight)).clone()
+    assert not torch.equal(master, master.to(torch.bfloat16).float())  # the test tells the two apart
+    runner.save(str(tmp_path))
+    saved = load_checkpoint(tmp_path, runner.config)
+    assert saved.fast_head.weight.dtype == torch.float32 and torch.equal(saved.fast_head.weight, master)
+    assert trainer.model.fast_head.weight.dtype == torch.bfloat16
+    plain = Trainer(saved, train_config(batch=4, backward_chunks=1), torch.device("cpu"))
+    resume_unsharded(plain, load_training_state(str(tmp_path / OPTIMIZER_STATE)))
+    assert plain.steps_done == 1 and float(plain.optimizer.state[saved.fast_head.weight]["step"]) == 1.0
+    assert runner.decode([runner.eval_data.sample(0)])
+    assert trainer.model.fast_head.weight.dtype == torch.bfloat16
+
+
 def test_x10_refuses_the_cpu_and_several_chunks_with_the_fix(pool):
     model = tiny_model(seed=3)
     model.switches = X10

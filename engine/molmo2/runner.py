@@ -264,7 +264,7 @@ class Molmo2Runner:
     def decode(self, samples: list) -> list[list[int]]:
         batch = self.collator(samples).to(self.device)
         self.model.eval()
-        with torch.no_grad(), self.trainer.master_weights():  # decode runs eager, in fp32
+        with torch.no_grad(), self.trainer.master_weights():  # decode runs in fp32, without autocast
             ids = ar_greedy_decode(
                 self.model, batch.prefix, batch.suffix.input_ids[:, :1], self.geometry.decode_tokens, self.layout.end_id
             )
