@@ -39,8 +39,6 @@ def update_alone(profile) -> str:
     runner = Molmo2Runner(PROFILES[profile], resolve(PROFILES[profile], BASE), seed=0)
     runner.load()
     trainer, model = runner.trainer, runner.model
-    for p in trainer.trainable:
-        p.grad = torch.randn_like(p)
     names = shadowed_names(model)
     optimizer = MasterAdamW.from_adamw(trainer.optimizer, {p for n, p in model.named_parameters() if n in names})
     for p in trainer.trainable:

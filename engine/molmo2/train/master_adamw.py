@@ -4,7 +4,8 @@ copy in the same pass that updates the master.
 Under bf16 autocast every trainable linear's fp32 weight is cast to bf16 before each matmul that reads it (in the
 forward, and again where the backward recomputes the cast), and its bf16 gradient is cast up to fp32 for the
 optimizer. With X10 the parameter itself is that bf16 weight: the casts are gone, the gradient stays bf16, and the
-update (clip and AdamW, one Triton pass per bucket: engine/molmo2/train/master_kernels.py) reads the bf16 gradient,
+update (two Triton passes per bucket, engine/molmo2/train/master_kernels.py: the clip's square sums, then clip and
+AdamW) reads the bf16 gradient,
 updates the fp32 master and its moments, and writes the bf16 weight the next forward reads. The bf16 weight is
 what autocast would have cast the master to (round to nearest even) and a one-pass step's bf16 gradient is what
 the baseline cast up, so X10 changes numerics only where a weight's gradients are summed (in bf16, not fp32) and
@@ -103,7 +104,8 @@ def _bucket(group: int, params: list[nn.Parameter], shadowed: bool, masters: lis
 
 class MasterAdamW(torch.optim.Optimizer):
     """AdamW over fp32 masters with the gradient clip inside (X10). Built from a torch AdamW over the same
-    parameter groups (`from_adamw`, moments and step carried over) and turned back into one (`to_adamw`)."""
+    parameter groups (`from_adamw`, moments and step carried over); `release` hands back fp32 parameters and the state
+    a torch AdamW over them takes."""
 
     def __init__(self, groups: list[dict[str, Any]], shadowed: set[nn.Parameter], betas: tuple[float, float],
                  eps: float, weight_decay: float) -> None:  # fmt: skip
@@ -138,19 +140,29 @@ class MasterAdamW(torch.optim.Optimizer):
     def release(self) -> dict[nn.Parameter, dict[str, torch.Tensor]]:
         """Every parameter back to an fp32 tensor of its own (the master's values); returns torch AdamW's state
         for them (empty before the first step)."""
-        states = {}
+        states = self._adamw_states(step_on_device=True)  # the fused AdamW keeps its step counts on the device
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 p.data = bucket.view(bucket.master, i).clone()
-                if self.steps:
-                    states[p] = {
-                        "step": torch.tensor(float(self.steps), dtype=torch.float32, device=p.device),
-                        "exp_avg": bucket.view(bucket.exp_avg, i).clone(),
-                        "exp_avg_sq": bucket.view(bucket.exp_avg_sq, i).clone(),
-                    }
         self.buckets = []
         forget_compiled_graphs()
         return states
+
+    def _adamw_states(self, step_on_device: bool) -> dict[nn.Parameter, dict[str, torch.Tensor]]:
+        """torch AdamW's per-parameter state (step, exp_avg, exp_avg_sq), copies; none before the first step."""
+        if not self.steps:
+            return {}
+        return {
+            p: {
+                "step": torch.tensor(
+                    float(self.steps), dtype=torch.float32, device=p.device if step_on_device else "cpu"
+                ),  # fmt: skip
+                "exp_avg": bucket.view(bucket.exp_avg, i).clone(),
+                "exp_avg_sq": bucket.view(bucket.exp_avg_sq, i).clone(),
+            }
+            for bucket in self.buckets
+            for i, p in enumerate(bucket.params)
+        }
 
     @contextmanager
     def masters(self) -> Iterator[None]:
@@ -226,14 +238,7 @@ class MasterAdamW(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """torch AdamW's format: a training state saved here resumes into plain AdamW too."""
         self.state.clear()
-        if self.steps:
-            for bucket in self.buckets:
-                for i, p in enumerate(bucket.params):
-                    self.state[p] = {
-                        "step": torch.tensor(float(self.steps), dtype=torch.float32),
-                        "exp_avg": bucket.view(bucket.exp_avg, i).clone(),
-                        "exp_avg_sq": bucket.view(bucket.exp_avg_sq, i).clone(),
-                    }
+        self.state.update(self._adamw_states(step_on_device=False))
         state = super().state_dict()
         self.state.clear()
         return state
