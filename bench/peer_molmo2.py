@@ -65,6 +65,7 @@ from engine.molmo2.model.config import Molmo2Config  # noqa: E402
 from engine.molmo2.model.model import prefix_attention_mask  # noqa: E402
 from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
+from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_names  # noqa: E402
 from engine.molmo2.train.step import autocast, synchronize  # noqa: E402
 
 BASE = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1}  # seed 000's bench config, every row's
@@ -213,8 +214,9 @@ def profile_pass(step_fn, steps, device: torch.device, out: Path) -> None:
 # positions and one pad column, bench/molmo2_peer.py) instead of every position; use_cache: the forward's
 # use_cache (True is the config's default, which makes a DynamicCache copy every layer's K/V in training too);
 # compiled: each decoder and vision layer under torch.compile(dynamic=True); attention: transformers'
-# attn_implementation.
-PEER = {
+# attn_implementation; bf16_linear_weights: X10 on the peer (its trainable linears' weights in bf16 over fp32
+# masters in our MasterAdamW, clip and update in its kernels), one chunk only (X10 sums no gradients in bf16).
+_PEER = {
     "defaults-c6": {"chunks": 6, "logits_to_keep": False, "use_cache": True, "compiled": False, "attention": "sdpa"},
     **{
         f"keep-c{n}": {"chunks": n, "logits_to_keep": True, "use_cache": False, "compiled": False, "attention": "sdpa"}
@@ -235,6 +237,10 @@ PEER = {
     "keep-c2-flash2": {"chunks": 2, "logits_to_keep": True, "use_cache": False, "compiled": False,
                        "attention": "flash_attention_2"},
 }  # fmt: skip
+PEER = {
+    **{name: {**peer, "bf16_linear_weights": False} for name, peer in _PEER.items()},
+    "keep-c1-compiled-bf16-weights": {**_PEER["keep-c1-compiled"], "bf16_linear_weights": True},
+}
 
 
 def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any]):
@@ -272,6 +278,11 @@ def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any
         for layer in (*model.model.language_model.layers, *model.model.vision_tower.layers):
             layer.compile(dynamic=True)
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
+    if peer["bf16_linear_weights"]:
+        # before the first forward, so the lazily compiled layers compile for the bf16 weights
+        names = shadowed_names(model)
+        shadowed = {p for name, p in model.named_parameters() if name in names}
+        optimizer = MasterAdamW.from_adamw(optimizer, shadowed)
     steps = []
     for step in runner.pool:
         total = sum(int((c.suffix.labels >= 0).sum()) for c in step.chunks)
@@ -290,8 +301,11 @@ def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any
             with autocast(device):
                 out = model(**inputs, use_cache=use_cache)
             (out.loss * share).backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 100.0)
-        optimizer.step()
+        if isinstance(optimizer, MasterAdamW):
+            optimizer.clip_and_step(100.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(trainable, 100.0)
+            optimizer.step()
 
     return model, train_step, steps
 
@@ -310,6 +324,7 @@ LANDED_SWITCHES = {
     **{name: ("molmo2-perf-pass1-h200", "land-bundle") for name in ALL_SIX},
     "vit_fp16_attention": ("molmo2-x2-h200", "land-x2"),
     "optimizer_overlaps_vision": ("molmo2-overlap-h200", "land-x7"),
+    "bf16_linear_weights": ("molmo2-x10-recompiled-h200", "land-x10"),
 }
 LANDED_CONFIG = {
     ("backward_chunks", 1): ("molmo2-fast-h200", "default-fast-path"),
@@ -361,7 +376,7 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision"),
     ),
-    # ... with X10 (the trainable linears' weights in bf16 over fp32 masters, one fused update): not landed
+    # ... with X10 (the trainable linears' weights in bf16 over fp32 masters, one fused update, land-x10)
     "packed-varlen-cudnn-one-pass-x2-x7-x10": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights"),
@@ -463,7 +478,8 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "transformers": transformers.__version__,
-        "dtype": "fp32 master weights, bf16 autocast, fused AdamW"
+        "dtype": "fp32 master weights, bf16 autocast, fused AdamW (rows with bf16_linear_weights, X10: the trainable "
+        "linears' weights in bf16 over fp32 masters, clip and AdamW in its Triton kernels)"
         if device.type == "cuda"
         else "fp32 (no autocast on a CPU), AdamW",
         **base,

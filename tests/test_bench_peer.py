@@ -22,7 +22,7 @@ CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "dtype", "batc
 ROW = {"name", "kind", "landed_only", "config", "switches", "peer_config", "load_s", "peak_gib", "alloc_retries",
        "error", "warmup_times", "times", "s_per_step", "median_s", "tokens_per_s", "padding", "flops_per_step",
        "mfu"}  # fmt: skip
-PEER_CONFIG = {"chunks", "logits_to_keep", "use_cache", "compiled", "attention"}
+PEER_CONFIG = {"chunks", "logits_to_keep", "use_cache", "compiled", "attention", "bf16_linear_weights"}
 
 
 def test_the_peer_benchmark_runs_both_sides_every_peer_configuration_a_row(tmp_path):

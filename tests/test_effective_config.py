@@ -215,7 +215,7 @@ def test_every_run_of_the_lab_resolves_to_the_config_it_ran_with(lab: Ledger):
             else:
                 assert effective == meant(data["config"], geometry), (reg_id, rung)
             checked += 1
-    assert checked == 45  # every run-start the lab's ledger holds
+    assert checked == 47  # every run-start the lab's ledger holds
 
 
 def test_a_change_of_default_leaves_an_old_document_alone(lab: Ledger, monkeypatch):
@@ -226,7 +226,7 @@ def test_a_change_of_default_leaves_an_old_document_alone(lab: Ledger, monkeypat
     for table in (run_config.CUDA_DEFAULTS, run_config.CPU_DEFAULTS):
         monkeypatch.setitem(table, "lr", 5e-4)
         monkeypatch.setitem(table, "pack", not table["pack"])
-        monkeypatch.setitem(table, "backward_chunks", 2)
+        monkeypatch.setitem(table, "grad_clip", 50.0)
     assert resolve(PROFILES["h200-4b"], {}).lr == 5e-4  # the change took
     after = {
         reg_id: load_state(lab, reg_id, with_windows=False).registration().effective_configs()

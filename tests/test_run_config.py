@@ -263,6 +263,7 @@ WINNER = {
     "molmo2-pack-varlen-h200": "B",
     "molmo2-pack-cudnn-h200": "B",
     "molmo2-overlap-h200": "B",
+    "molmo2-x10-recompiled-h200": "B",
 }
 _ONE_CHUNK = "molmo2-fast-h200 (default-fast-path): one backward chunk of the whole batch"
 _SAME_STEPS = (
@@ -420,7 +421,14 @@ def test_the_cli_process_refuses_a_conflict_and_leaves_the_ledger_byte_for_byte(
 
 
 def test_an_item_whose_switch_the_baseline_already_runs_is_refused(cli: Cli, tmp_path: Path):
-    on_cuda = write(tmp_path, "mini-cuda.toml", MINI.replace('profile = "cpu-tiny"', 'profile = "h200-4b"'))
+    # one chunk: the CUDA baseline's bf16 linear weights (X10) refuse several
+    on_cuda = write(
+        tmp_path,
+        "mini-cuda.toml",
+        MINI.replace('profile = "cpu-tiny"', 'profile = "h200-4b"').replace(
+            "backward_chunks = 2 }", "backward_chunks = 1 }"
+        ),
+    )
     result = cli.on_ledger("check", on_cuda)
     assert result.exit_code == 2
     assert "items.P1.switch: 'suffix_cudnn' is already in the baseline; landed by molmo2-perf-pass1-h200" in (

@@ -399,9 +399,11 @@ LANDED = {
     "no_embed_clone": S_BUNDLE,
     "vit_fp16_attention": "molmo2-x2-h200 (land-x2)",
     "optimizer_overlaps_vision": "molmo2-overlap-h200 (land-x7)",
+    "bf16_linear_weights": "molmo2-x10-recompiled-h200 (land-x10)",
 }
-# X7 overlaps one process's update with its next step; several ranks' updates wait on their own collectives.
-ONE_PROCESS_ONLY = ("optimizer_overlaps_vision",)
+# X7 overlaps one process's update with its next step; several ranks' updates wait on their own collectives. X10's
+# kernels update one process's whole AdamW state (several ranks would shard or all-reduce it).
+ONE_PROCESS_ONLY = ("optimizer_overlaps_vision", "bf16_linear_weights")
 
 # The path the verdicts landed, on CUDA profiles.
 CUDA_DEFAULTS: dict[str, Any] = {
@@ -411,7 +413,8 @@ CUDA_DEFAULTS: dict[str, Any] = {
     "pack": True,  # molmo2-pack-h200 (default-pack): no compute on padding
     "pack_one_pass": True,  # molmo2-pack-one-pass-h200 (default-one-pass)
     "pack_attention": "varlen-cudnn",  # molmo2-pack-cudnn-h200 (default-varlen-cudnn), over varlen and packed
-    "baseline_switches": tuple(LANDED),  # the S-bundle (land-bundle), X2 (land-x2), X7 (land-x7) on one process
+    # the S-bundle (land-bundle), X2 (land-x2); X7 (land-x7) and X10 (land-x10) on one process
+    "baseline_switches": tuple(LANDED),
     "fast_vocab_size": FAST_V2_VOCAB,  # the 4b geometry runs FAST tokenizer v2's whole block
 }
 
