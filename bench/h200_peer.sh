@@ -25,8 +25,11 @@ if [ -n "${WARM_OURS:-}${WARM_PEER:-}" ]; then
   timeout --kill-after=10 "${WARM_TIMEOUT_S:-300}" python3 bench/peer_molmo2.py --profile h200-4b --ours "${WARM_OURS:-}" \
     --peer "${WARM_PEER:-}" --warmup "${WARMUP:-4}" --cycles 0 --name compile-cache-warm-up --out /tmp/warm-up \
     > "$OUT/warm_up.log" 2>&1
-  echo "warm-up: exit $?"
+  warm=$?
+  echo "warm-up: exit $warm"
   cache="warm: an untimed process compiled ours ${WARM_OURS:-(none)} and the peer's ${WARM_PEER:-(none)} first"
+  # stopped at its limit or failed: only the rows it finished (warm_up.log) are cache hits
+  [ "$warm" = 0 ] || cache="partly warm: an untimed warm-up of ours ${WARM_OURS:-(none)} and the peer's ${WARM_PEER:-(none)} exited $warm"
 fi
 if [ -n "$tests" ]; then
   wait "$tests"

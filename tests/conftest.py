@@ -54,6 +54,8 @@ NEW_FREEZE_REFUSED = frozenset(
             "molmo2-perf-pass1-h200-interleaved",
             "molmo2-x2-h200",
             "molmo2-overlap-h200",
+            "molmo2-x10-h200",
+            "molmo2-x10-recompiled-h200",
         ),  # landed
     }
 )

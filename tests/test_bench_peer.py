@@ -80,6 +80,26 @@ def test_the_peer_built_on_the_meta_device_has_transformers_own_rope_tables():
     assert len(steps) == len(runner.pool) and sum(share for _, share in steps[0]) == pytest.approx(1.0)
 
 
+def test_the_peer_with_bf16_linear_weights_holds_its_trainable_linears_over_fp32_masters():
+    """X10 on the peer: its trainable linears' weights become bf16 copies of fp32 masters in MasterAdamW before any
+    layer compiles; its norms, and every frozen weight, stay fp32; the masters are the weights it was built with."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from peer_molmo2 import PEER, peer_trainer
+
+    from engine.molmo2.train.master_adamw import shadowed_names
+
+    runner = make_runner(batch=2, backward_chunks=1)
+    runner.load_data()
+    plain, _, _ = peer_trainer(runner, torch.device("cpu"), PEER["keep-c1"])
+    model, _, _ = peer_trainer(runner, torch.device("cpu"), PEER["keep-c1-compiled-bf16-weights"])
+    shadowed = shadowed_names(model)
+    assert shadowed and all(".layers." in name and "language_model" in name for name in shadowed)
+    weights = dict(plain.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.dtype == (torch.bfloat16 if name in shadowed else torch.float32), name
+        assert torch.equal(p.float(), weights[name].to(p.dtype).float()), name  # autocast's own cast of the same seed
+
+
 def test_the_flop_count_is_the_hand_count_at_the_tiny_geometry():
     """Two samples, each one single-crop image (3x3 patches, pooled 2x2 into 4 tokens over 9 valid slots) between
     two text tokens and a prompt: sample 1 has 4 prompt tokens and a suffix of 2 aux + 3 FAST + end, sample 2 has

@@ -226,7 +226,7 @@ def test_a_change_of_default_leaves_an_old_document_alone(lab: Ledger, monkeypat
     for table in (run_config.CUDA_DEFAULTS, run_config.CPU_DEFAULTS):
         monkeypatch.setitem(table, "lr", 5e-4)
         monkeypatch.setitem(table, "pack", not table["pack"])
-        monkeypatch.setitem(table, "grad_clip", 50.0)
+        monkeypatch.setitem(table, "backward_chunks", 2)
     assert resolve(PROFILES["h200-4b"], {}).lr == 5e-4  # the change took
     after = {
         reg_id: load_state(lab, reg_id, with_windows=False).registration().effective_configs()

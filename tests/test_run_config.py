@@ -420,15 +420,18 @@ def test_the_cli_process_refuses_a_conflict_and_leaves_the_ledger_byte_for_byte(
     assert ledger.read_bytes() == before
 
 
+def test_the_cuda_baseline_of_a_rung_of_several_chunks_leaves_out_the_one_chunk_switches():
+    """X10 sums no gradients in bf16: a defaulted baseline holds it on one chunk only; written, it is refused."""
+    assert "bf16_linear_weights" in resolve(H200, {}).baseline_switches
+    several = resolve(H200, {"backward_chunks": 6})
+    assert set(several.baseline_switches) == set(LANDED) - {"bf16_linear_weights"}
+    with pytest.raises(ConfigError, match="backward_chunks = 6 would sum the chunks' gradients in bf16"):
+        resolve(H200, {"backward_chunks": 6, "baseline_switches": list(LANDED)})
+    assert resolve(CPU, {"backward_chunks": 2}).baseline_switches == ()  # the CPU's defaults hold no switch
+
+
 def test_an_item_whose_switch_the_baseline_already_runs_is_refused(cli: Cli, tmp_path: Path):
-    # one chunk: the CUDA baseline's bf16 linear weights (X10) refuse several
-    on_cuda = write(
-        tmp_path,
-        "mini-cuda.toml",
-        MINI.replace('profile = "cpu-tiny"', 'profile = "h200-4b"').replace(
-            "backward_chunks = 2 }", "backward_chunks = 1 }"
-        ),
-    )
+    on_cuda = write(tmp_path, "mini-cuda.toml", MINI.replace('profile = "cpu-tiny"', 'profile = "h200-4b"'))
     result = cli.on_ledger("check", on_cuda)
     assert result.exit_code == 2
     assert "items.P1.switch: 'suffix_cudnn' is already in the baseline; landed by molmo2-perf-pass1-h200" in (

@@ -46,6 +46,9 @@ APPLIES_ONLY_WITH = {
     "ddp_wrapper": "chunk_grad_allreduce",
     "compile_tuning": "compile",
 }
+# Landed switches that apply only to a rung of one backward chunk: a defaulted baseline_switches leaves them out of a
+# rung of several (X10 would sum the chunks' bf16 gradients in bf16); one the document writes is checked as written.
+ONE_CHUNK_ONLY = ("bf16_linear_weights",)
 
 
 class Molmo2RunConfig(RunConfig):
@@ -162,6 +165,8 @@ class Molmo2RunConfig(RunConfig):
         for key, parent in APPLIES_ONLY_WITH.items():
             if key not in raw and values.get(parent) is False:
                 values[key] = None
+        if "baseline_switches" not in raw and values.get("backward_chunks") != 1:
+            values["baseline_switches"] = tuple(s for s in values["baseline_switches"] if s not in ONE_CHUNK_ONLY)
         return values
 
     @field_validator("fast_vocab_size", mode="before")
