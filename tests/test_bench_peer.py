@@ -81,8 +81,8 @@ def test_the_peer_built_on_the_meta_device_has_transformers_own_rope_tables():
 
 
 def test_the_peer_with_bf16_linear_weights_holds_its_trainable_linears_over_fp32_masters():
-    """X10 on the peer: its trainable linears' weights become bf16 copies of fp32 masters in MasterAdamW before any
-    layer compiles; its norms, and every frozen weight, stay fp32; the masters are the weights it was built with."""
+    """X10 on the peer: its trainable linears' weights become bf16 (autocast's cast of the weights it was built with,
+    the fp32 masters kept in MasterAdamW) before any layer compiles; its norms, and every frozen weight, stay fp32."""
     sys.path.insert(0, str(REPO / "bench"))
     from peer_molmo2 import PEER, peer_trainer
 
