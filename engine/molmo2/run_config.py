@@ -307,31 +307,27 @@ def _pack_multiple_needs_pack(c: Molmo2RunConfig, profile: Profile) -> None:
         raise ConfigConflict(("pack_multiple", "pack"), f"pack_multiple = {c.pack_multiple} needs pack = true")
 
 
-def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> None:
-    """X7 runs the update on a second CUDA stream of the one process that trains."""
-    if "optimizer_overlaps_vision" not in c.baseline_switches:
-        return
-    if profile.device != "cuda" or profile.world_size > 1:
+def _one_cuda_process_for(switch: str, runs: str, c: Molmo2RunConfig, profile: Profile) -> None:
+    """`switch` in the baseline `runs` something only one CUDA process can."""
+    if switch in c.baseline_switches and (profile.device != "cuda" or profile.world_size > 1):
         raise ConfigConflict(
             ("baseline_switches",),
-            "optimizer_overlaps_vision in baseline_switches runs the update on a second CUDA stream of one process; "
-            f"profile {profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it "
-            "from baseline_switches",
+            f"{switch} in baseline_switches {runs}; profile {profile.name} trains on {profile.device} with "
+            f"{profile.world_size} process(es); fix: remove it from baseline_switches",
         )
+
+
+def _overlap_needs_one_cuda_process(c: Molmo2RunConfig, profile: Profile) -> None:
+    """X7 runs the update on a second CUDA stream of the one process that trains."""
+    _one_cuda_process_for(
+        "optimizer_overlaps_vision", "runs the update on a second CUDA stream of one process", c, profile
+    )
 
 
 def _bf16_weights_need_one_cuda_process_and_chunk(c: Molmo2RunConfig, profile: Profile) -> None:
     """X10 updates one process's whole AdamW state in Triton kernels and keeps the linears' gradients in bf16."""
-    if "bf16_linear_weights" not in c.baseline_switches:
-        return
-    if profile.device != "cuda" or profile.world_size > 1:
-        raise ConfigConflict(
-            ("baseline_switches",),
-            "bf16_linear_weights in baseline_switches runs its update as Triton kernels in one CUDA process; profile "
-            f"{profile.name} trains on {profile.device} with {profile.world_size} process(es); fix: remove it from "
-            "baseline_switches",
-        )
-    if c.backward_chunks != 1:
+    _one_cuda_process_for("bf16_linear_weights", "runs its update as Triton kernels in one CUDA process", c, profile)
+    if "bf16_linear_weights" in c.baseline_switches and c.backward_chunks != 1:
         raise ConfigConflict(
             ("baseline_switches", "backward_chunks"),
             "bf16_linear_weights in baseline_switches keeps the linears' gradients in bf16; backward_chunks = "
