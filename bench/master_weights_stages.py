@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from engine.molmo2.declaration import PROFILES  # noqa: E402
 from engine.molmo2.run_config import LANDED, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
-from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_names  # noqa: E402
+from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_parameters  # noqa: E402
 
 BASE = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1}
 WITHOUT_X7 = [name for name in LANDED if name != "optimizer_overlaps_vision"]
@@ -39,8 +39,7 @@ def update_alone(profile) -> str:
     runner = Molmo2Runner(PROFILES[profile], resolve(PROFILES[profile], BASE), seed=0)
     runner.load()
     trainer, model = runner.trainer, runner.model
-    names = shadowed_names(model)
-    optimizer = MasterAdamW.from_adamw(trainer.optimizer, {p for n, p in model.named_parameters() if n in names})
+    optimizer = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(model))
     for p in trainer.trainable:
         p.grad = torch.randn_like(p)
     norm = optimizer.clip_and_step(1.0)

@@ -50,6 +50,7 @@ import statistics
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,7 +66,7 @@ from engine.molmo2.model.config import Molmo2Config  # noqa: E402
 from engine.molmo2.model.model import prefix_attention_mask  # noqa: E402
 from engine.molmo2.run_config import UNRECORDED_DEFAULTS, resolve  # noqa: E402
 from engine.molmo2.runner import Molmo2Runner  # noqa: E402
-from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_names  # noqa: E402
+from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_parameters  # noqa: E402
 from engine.molmo2.train.step import autocast, synchronize  # noqa: E402
 
 BASE = {"batch": 12, "camera_counts": [1, 2], "max_crops": 1}  # seed 000's bench config, every row's
@@ -280,9 +281,7 @@ def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=device.type == "cuda")
     if peer["bf16_linear_weights"]:
         # before the first forward, so the lazily compiled layers compile for the bf16 weights
-        names = shadowed_names(model)
-        shadowed = {p for name, p in model.named_parameters() if name in names}
-        optimizer = MasterAdamW.from_adamw(optimizer, shadowed)
+        optimizer = MasterAdamW.from_adamw(optimizer, shadowed_parameters(model))
     steps = []
     for step in runner.pool:
         total = sum(int((c.suffix.labels >= 0).sum()) for c in step.chunks)
@@ -295,17 +294,20 @@ def peer_trainer(runner: Molmo2Runner, device: torch.device, peer: dict[str, Any
     model.train()
     use_cache = peer["use_cache"]
 
+    def update():
+        torch.nn.utils.clip_grad_norm_(trainable, 100.0)
+        optimizer.step()
+
+    if isinstance(optimizer, MasterAdamW):
+        update = partial(optimizer.clip_and_step, 100.0)  # the clip inside its update
+
     def train_step(chunks):
         optimizer.zero_grad(set_to_none=True)
         for inputs, share in chunks:
             with autocast(device):
                 out = model(**inputs, use_cache=use_cache)
             (out.loss * share).backward()
-        if isinstance(optimizer, MasterAdamW):
-            optimizer.clip_and_step(100.0)
-        else:
-            torch.nn.utils.clip_grad_norm_(trainable, 100.0)
-            optimizer.step()
+        update()
 
     return model, train_step, steps
 

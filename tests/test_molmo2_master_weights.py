@@ -13,7 +13,7 @@ from molmo2_fixtures import make_runner, tiny_model, train_config
 
 from engine.molmo2.attention.execution import Execution
 from engine.molmo2.switches import Switches
-from engine.molmo2.train.master_adamw import ALIGN, BLOCK, MasterAdamW, shadowed_names
+from engine.molmo2.train.master_adamw import ALIGN, BLOCK, MasterAdamW, shadowed_names, shadowed_parameters
 from engine.molmo2.train.step import ADAM_BETAS, Trainer
 
 X10 = Switches(bf16_linear_weights=True)
@@ -36,11 +36,6 @@ def _trained(pool, steps: int = 2) -> Trainer:
     return trainer
 
 
-def _shadowed(model) -> set:
-    names = shadowed_names(model)
-    return {p for name, p in model.named_parameters() if name in names}
-
-
 def test_the_shadowed_parameters_are_exactly_the_trainable_linears_weights():
     model = tiny_model()
     Trainer(model, train_config(batch=4, backward_chunks=1), torch.device("cpu"))  # applies the freezing split
@@ -56,7 +51,7 @@ def test_moving_in_keeps_weights_moments_and_step_and_rounds_like_autocast(pool)
     model, adamw = trainer.model, trainer.optimizer
     before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     moments = {p: (s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for p, s in adamw.state.items()}
-    shadowed = _shadowed(model)
+    shadowed = shadowed_parameters(model)
     master = MasterAdamW.from_adamw(adamw, shadowed)
     assert master.steps == 2
     names = {p: name for name, p in model.named_parameters()}
@@ -83,7 +78,7 @@ def test_moving_out_restores_fp32_parameters_and_adamws_state_exactly(pool):
     model = trainer.model
     before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     moments = {id(p): s["exp_avg_sq"].clone() for p, s in trainer.optimizer.state.items()}
-    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(model))
+    master = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(model))
     states = master.release()
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -95,7 +90,7 @@ def test_moving_out_restores_fp32_parameters_and_adamws_state_exactly(pool):
 def test_the_state_dict_is_adamws_and_loads_back(pool):
     trainer = _trained(pool)
     reference = trainer.optimizer.state_dict()
-    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))
+    master = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(trainer.model))
     saved = master.state_dict()
     assert saved["state"].keys() == reference["state"].keys()
     for index, entry in reference["state"].items():
@@ -113,7 +108,7 @@ def test_the_state_dict_is_adamws_and_loads_back(pool):
 
 def test_the_masters_context_gives_fp32_weights_and_writes_reach_the_bf16_copy(pool):
     trainer = _trained(pool, steps=1)
-    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))
+    master = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(trainer.model))
     weight = trainer.model.fast_head.weight
     with master.masters():
         assert weight.dtype == torch.float32
@@ -137,7 +132,7 @@ def test_every_change_of_the_weights_dtype_drops_the_compiled_graphs(pool):
     doubled(x)
     assert len(compiles) == 1  # cached
     trainer = _trained(pool, steps=1)
-    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))
+    master = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(trainer.model))
     doubled(x)
     assert len(compiles) == 2
     with master.masters():
@@ -161,7 +156,9 @@ def test_a_checkpoint_and_a_decode_read_the_masters(tmp_path):
     runner.load()
     runner.trainer.step(runner.pool[0])
     trainer = runner.trainer
-    trainer.optimizer = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))  # X10's conversion
+    trainer.optimizer = MasterAdamW.from_adamw(
+        trainer.optimizer, shadowed_parameters(trainer.model)
+    )  # X10's conversion
     bucket = next(b for b in trainer.optimizer.buckets if b.shadowed and trainer.model.fast_head.weight in b.params)
     master = bucket.view(bucket.master, bucket.params.index(trainer.model.fast_head.weight)).clone()
     assert not torch.equal(master, master.to(torch.bfloat16).float())  # the test tells the two apart
@@ -191,7 +188,7 @@ def test_x10_refuses_the_cpu_and_several_chunks_with_the_fix(pool):
 
 def test_the_update_refuses_a_missing_gradient_and_the_cpu(pool):
     trainer = _trained(pool, steps=1)
-    master = MasterAdamW.from_adamw(trainer.optimizer, _shadowed(trainer.model))
+    master = MasterAdamW.from_adamw(trainer.optimizer, shadowed_parameters(trainer.model))
     trainer.model.zero_grad(set_to_none=True)
     with pytest.raises(ValueError, match="has no gradient this step; X10 updates every trainable"):
         master.clip_and_step(1.0)

@@ -62,6 +62,12 @@ def shadowed_names(model: nn.Module) -> set[str]:
     }
 
 
+def shadowed_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """The parameters of `shadowed_names`: what MasterAdamW holds in bf16 over fp32 masters."""
+    names = shadowed_names(model)
+    return {p for name, p in model.named_parameters() if name in names}
+
+
 def forget_compiled_graphs() -> None:
     """The shadowed parameters just changed dtype under the same Parameter objects: Dynamo's guards on a module's
     parameters can pass on the unchanged objects, and a graph compiled for the other dtype would then read a bf16

@@ -26,7 +26,7 @@ from engine.memory.meter import MemoryMeter
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, set_ar_trainable
 from engine.molmo2.model.batch import IGNORE_INDEX, ARBatch
 from engine.molmo2.model.model import Molmo2Model
-from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_names
+from engine.molmo2.train.master_adamw import MasterAdamW, shadowed_parameters
 
 if TYPE_CHECKING:
     from engine.molmo2.run_config import Molmo2RunConfig
@@ -204,9 +204,7 @@ class Trainer:
                 f"{getattr(self.optimizer_factory, '__name__', self.optimizer_factory)}: use it on a CUDA profile "
                 "with one rank and plain AdamW"
             )
-        names = shadowed_names(self.model)
-        shadowed = {p for name, p in self.model.named_parameters() if name in names}
-        self.optimizer = MasterAdamW.from_adamw(self.optimizer, shadowed)
+        self.optimizer = MasterAdamW.from_adamw(self.optimizer, shadowed_parameters(self.model))
 
     def release_weights(self) -> None:
         """Every parameter an fp32 tensor of its own again and torch's AdamW over them (X10 undone; a no-op
