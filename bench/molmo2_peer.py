@@ -10,6 +10,8 @@ and the two losses are the same (tests/test_peer_loss.py)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -70,6 +72,30 @@ def peer_ids(ids: torch.Tensor, config: Molmo2Config) -> torch.Tensor:
     )
 
 
+@functools.cache
+def peer_indexes_each_images_own_patches() -> bool:
+    """Whether the installed transformers reads `image_token_pooling` image by image. Up to 5.24 its processor and
+    model index the batch's patches, as ours do; from 5.25 each image's rows index that image's own patches and
+    its model adds the offsets from `image_num_crops`. Read off the model's signature, which says which it is."""
+    from transformers.models.molmo2 import modeling_molmo2
+
+    return "image_num_crops" in inspect.signature(modeling_molmo2.Molmo2Model.get_image_features).parameters
+
+
+def peer_image_token_pooling(images: Any) -> torch.Tensor:
+    """`images.image_token_pooling` (ours: indices into the batch's patches) in the layout the installed
+    transformers takes. `images` is a `PrefixInputs` or an `ImageBatch`: pixel values, pooling, grids, crops."""
+    pooling = images.image_token_pooling
+    if not peer_indexes_each_images_own_patches():
+        return pooling
+    grids, crops = images.image_grids, images.image_num_crops
+    tokens_per_image = grids[:, 0] * grids[:, 1] + grids[:, 2] * grids[:, 3]
+    patches_per_image = crops * images.pixel_values.shape[-2]
+    first_patch = (patches_per_image.cumsum(0) - patches_per_image).repeat_interleave(tokens_per_image)
+    assert first_patch.shape[0] == pooling.shape[0], (first_patch.shape, pooling.shape)
+    return torch.where(pooling >= 0, pooling - first_patch[:, None], pooling)
+
+
 def transformers_inputs(batch: ARBatch, config: Molmo2Config, *, logits_to_keep: bool = False) -> dict[str, Any]:
     """Forward kwargs for `transformers_config(..., fast_block=True)`: one sequence per row, [left-padded prefix |
     right-padded suffix | one pad column], labels on the suffix only.
@@ -91,7 +117,7 @@ def transformers_inputs(batch: ARBatch, config: Molmo2Config, *, logits_to_keep:
         attention_mask=attention_mask.long(),
         mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(suffix_ids)], dim=1),
         pixel_values=p.pixel_values,
-        image_token_pooling=p.image_token_pooling,
+        image_token_pooling=peer_image_token_pooling(p),
         image_grids=p.image_grids,
         image_num_crops=p.image_num_crops,
         position_ids=positions_from_mask(attention_mask),

@@ -20,7 +20,7 @@ from engine.molmo2.model.config import Molmo2Config
 from engine.molmo2.model.model import Molmo2Model, positions_from_mask, prefix_attention_mask
 
 sys.path.insert(0, str(REPO / "bench"))
-from molmo2_peer import transformers_config  # noqa: E402
+from molmo2_peer import peer_image_token_pooling, transformers_config  # noqa: E402
 
 tfm = pytest.importorskip("transformers.models.molmo2")
 
@@ -124,7 +124,7 @@ def tfm_logits(reference, prefix, **overrides) -> torch.Tensor:
         attention_mask=prefix.attention_mask.long(),
         mm_token_type_ids=prefix.mm_token_type_ids,
         pixel_values=prefix.pixel_values,
-        image_token_pooling=prefix.image_token_pooling,
+        image_token_pooling=peer_image_token_pooling(prefix),
         image_grids=prefix.image_grids,
         image_num_crops=prefix.image_num_crops,
         position_ids=positions_from_mask(prefix.attention_mask),
