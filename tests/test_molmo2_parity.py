@@ -1,5 +1,5 @@
-"""Parity with transformers' own Molmo2 (`transformers.models.molmo2`, 5.23): same random weights, same inputs
-(images, 2x2 pooling with invalid slots, two images in a row, left padding), logits compared in fp32.
+"""Parity with transformers' own Molmo2 (`transformers.models.molmo2`, 5.23 or newer): same random weights, same
+inputs (images, 2x2 pooling with invalid slots, two images in a row, left padding), logits compared in fp32.
 
 Where ports differ, the hub's behaviour is pinned: features are ADDED at <im_patch> (vLLM overwrites), and every
 image token of a row sees every other one (a block per contiguous group of image tokens would hide a later image
@@ -187,7 +187,7 @@ def per_group_mask(prefix) -> torch.Tensor:
 
 def test_image_block_is_the_hubs_all_images_block(setup):
     """Two images in a row: under the hub's mask image 1 attends to image 2; under a per-group mask it does not,
-    and the logits differ. transformers 5.23 itself puts all image tokens in one block (= the hub)."""
+    and the logits differ. transformers itself puts all image tokens in one block (= the hub)."""
     config, reference, ours, prefix = setup
     ours_mask = prefix_attention_mask(prefix.attention_mask, prefix.mm_token_type_ids)
     group_mask = per_group_mask(prefix)

@@ -261,4 +261,6 @@ def _gqa_argument() -> dict:
     return {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen.varlen_attn).parameters else {}
 
 
-_GQA = _gqa_argument()
+# Read at import, outside any compiled block's trace, and only where varlen_call's CUDA branch can run: importing
+# torch.nn.attention.varlen imports torch._dynamo, about a second of every CPU process's start.
+_GQA = _gqa_argument() if torch.cuda.is_available() else {}

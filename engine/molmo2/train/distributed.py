@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from contextlib import nullcontext
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from engine.molmo2.model.ar import ar_forward, set_ar_trainable
@@ -46,6 +46,9 @@ from engine.molmo2.model.model import Molmo2Model
 from engine.molmo2.run_config import Molmo2RunConfig
 from engine.molmo2.train.step import ADAM_BETAS, GradientSync, OptimizerFactory, Step, TrainConfig, Trainer, adamw
 from engine.workload import Ranks
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 GRAD_SYNC_MODES = {
     "none": "one process: nothing to synchronise",
@@ -161,9 +164,18 @@ def make_gradient_sync(model: Molmo2Model, config: Molmo2RunConfig, device: torc
 
 def zero_adamw(groups: list[dict[str, Any]], config: TrainConfig, fused: bool) -> ZeroRedundancyOptimizer:
     """ZeRO-1: AdamW with exactly `adamw`'s settings and groups, each rank holding its shard's state."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     return ZeroRedundancyOptimizer(
         groups, optimizer_class=torch.optim.AdamW, betas=ADAM_BETAS, weight_decay=config.weight_decay, fused=fused
     )
+
+
+def is_zero1(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is ZeRO-1's. torch.distributed.optim is imported by zero_adamw only (FSDP and DTensor
+    come with it, about a second of every process's start), so without it loaded no optimizer can be one."""
+    module = sys.modules.get("torch.distributed.optim")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
 
 
 def optimizer_factory(config: Molmo2RunConfig, world_size: int) -> OptimizerFactory:
@@ -191,7 +203,7 @@ def describe(config: Molmo2RunConfig, world_size: int) -> dict[str, Any]:
 def consolidated_optimizer_state(optimizer: torch.optim.Optimizer, ranks: Ranks) -> dict[str, Any] | None:
     """The whole optimizer's state on rank 0 (None elsewhere), in plain AdamW's state_dict format. A collective
     under ZeRO-1 (consolidate_state_dict(to=0)): every rank must call it."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero1(optimizer):
         optimizer.consolidate_state_dict(to=0)
     return optimizer.state_dict() if ranks.writer else None
 
@@ -211,7 +223,7 @@ def load_training_state(path: str) -> dict[str, Any]:
 
 def resume_sharded(trainer: Trainer, state: dict[str, Any]) -> None:
     """A consolidated state into a ZeRO-1 trainer: each rank keeps the Adam state of its own shard."""
-    if not isinstance(trainer.optimizer, ZeroRedundancyOptimizer):
+    if not is_zero1(trainer.optimizer):
         raise ValueError(
             f"resume_sharded needs a ZeroRedundancyOptimizer, not {type(trainer.optimizer).__name__}; "
             "use resume_unsharded"
@@ -223,7 +235,7 @@ def resume_sharded(trainer: Trainer, state: dict[str, Any]) -> None:
 
 def resume_unsharded(trainer: Trainer, state: dict[str, Any]) -> None:
     """A consolidated state into plain AdamW (one process, or every rank holding the whole state)."""
-    if isinstance(trainer.optimizer, ZeroRedundancyOptimizer):
+    if is_zero1(trainer.optimizer):
         raise ValueError("resume_unsharded needs a plain optimizer, not a ZeroRedundancyOptimizer; use resume_sharded")
     trainer.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
     trainer.steps_done = int(state["steps_done"])
