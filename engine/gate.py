@@ -22,7 +22,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prereg.ledger import Ledger
 
 PROCESS_START = time.monotonic()
 
@@ -50,12 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         # unrecorded; the rest wait for the next run.
         signal.signal(number, lambda n, f: stop.append(signal.Signals(n).name))
 
+    from prereg.ledger import Ledger
+
+    with Ledger.open(args.ledger, create=False) as ledger:
+        return gate(ledger, args, stop)
+
+
+def gate(ledger: Ledger, args: argparse.Namespace, stop: list[str]) -> int:
+    """The registration's pending oracles, then its A/A calibration where it asks for one; the gate's entry."""
     from engine.workload import RunnerFailure
     from prereg.calibration import CALIBRATION_RUNS, baseline_items, calibration_runs
-    from prereg.ledger import Ledger
     from prereg.state import load_state
 
-    ledger = Ledger.open(args.ledger, create=False)
     state = load_state(ledger, args.reg, with_windows=False)
     reg = state.registration()
     registration_dir = Path(args.registration_dir) if args.registration_dir else None
@@ -242,4 +251,6 @@ def emit(event: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.worker_exit import end_worker
+
+    end_worker(main())

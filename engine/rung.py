@@ -24,6 +24,7 @@ step time the slowest rank's, its memory the largest rank's (the workload's wind
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -164,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     ranks = join_ranks(args.device or "cpu")
     stop.ranks = ranks
     try:
-        return run_rung(args, ranks, stop)
+        with contextlib.ExitStack() as resources:
+            return run_rung(args, ranks, stop, resources)
     finally:
         ranks.leave()
 
 
-def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
+def run_rung(args: argparse.Namespace, ranks, stop: Stop, resources: contextlib.ExitStack) -> int:
     """The rung's loop on one rank (the only one, or one of several: see the module docstring)."""
     from engine.workload import (
         MEMORY_DIR_VARIABLE,
@@ -195,7 +197,7 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
         from engine.environment import run_environment
         from prereg.ledger import Ledger
 
-        ledger = Ledger.open(args.ledger, create=False)
+        ledger = resources.enter_context(Ledger.open(args.ledger, create=False))
         plan, reg = read_plan(args, ledger, runs)
         profile = reg.declaration().profiles[plan["profile"]]
         if (profile.world_size, profile.device) != (ranks.world_size, args.device or profile.device):
@@ -403,4 +405,6 @@ def run_rung(args: argparse.Namespace, ranks, stop: Stop) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.worker_exit import end_worker
+
+    end_worker(main())
