@@ -294,6 +294,27 @@ def test_sigterm_ends_the_rung_killed_and_the_next_run_redoes_it(tmp_path, long_
     assert all(len(r.windows) == 30 for r in finished)  # exactly one full set of windows per rung
 
 
+@ON_LONG_GATED
+def test_a_rung_process_closes_its_ledger_before_it_ends(tmp_path, long_gated):
+    """A rung process leaves with os._exit once its work is recorded (engine/worker_exit.py), past the interpreter's
+    teardown, so it must close its ledger itself first. SQLite removes the write-ahead log when the last connection
+    to the file closes: a rung alone on the ledger leaves none behind, and one that left its connection open would."""
+    path, ledger = frozen_long(tmp_path, long_gated)
+    Ledger.open(str(ledger), create=False).close()  # the copy's log folded in: the rung starts without one
+    wal = ledger.with_name(ledger.name + "-wal")
+    assert not wal.exists()
+    command = [sys.executable, "-m", "engine.rung", "--ledger", str(ledger), "--reg", "micro",
+               "--registration-dir", str(path.parent), "--steps", "2", "--run-spec", "0123456789ab=A:A:"]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {"event": "end", "status": {"0123456789ab": "finished"}}
+    assert not wal.exists()
+    state, report = state_of(ledger)
+    assert report.ok
+    (run,) = state.runs
+    assert (run.rung, run.status, [w["step"] for w in run.windows]) == ("A", "finished", [2])
+
+
 # Long enough that a second `prereg run` starts and is refused while the first one's rung still trains.
 LONGER = LONG.replace("steps = 60", "steps = 600")
 
