@@ -32,6 +32,8 @@ SWITCHES = {
     "(embedding side, each decoder block, head side), each waited for where the next step's forward first reads it",
     "bf16_linear_weights": "X10: the trainable linears' weights held in bf16 over fp32 masters that one fused "
     "update (clip, AdamW, the bf16 copy) writes; their gradients bf16 (CUDA, one process, one backward chunk)",
+    "fused_swiglu": "X11: the decoder MLP's SwiGLU as one op each way, whose backward reads each (up, gate) pair and "
+    "its gradient once and writes both halves of their gradient (Triton on CUDA), training mode only",
 }
 
 _TOL = frozenset({"tolerance"})

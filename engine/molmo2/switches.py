@@ -44,6 +44,10 @@ class Switches:
     # and writes the bf16 weights; their gradients stay bf16. CUDA, one process, one backward chunk. A numerics
     # change where gradients are summed and in the update's rounding.
     bf16_linear_weights: bool = False
+    # X11: the decoder MLP's SwiGLU as one op each way (model/swiglu.py), whose backward reads each (up, gate) pair
+    # and its gradient once and writes both halves of the [up, gate] gradient; Triton on CUDA. Training mode only.
+    # A numerics change at the last bit: fp32 arithmetic rounded once, as inductor's kernels, in another order.
+    fused_swiglu: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

@@ -141,6 +141,11 @@ class Molmo2Model(nn.Module):
         # hub's fp32; evaluation and decode keep the hub's numerics, so decode byte-anchors stay valid.
         return vision(pixel_values, image_token_pooling, self.training and self.switches.vit_fp16_attention)
 
+    def _fused_swiglu(self) -> bool:
+        """X11 (fused_swiglu), training mode only: evaluation and decode keep the baseline's SwiGLU, so decode
+        byte-anchors stay valid."""
+        return self.training and self.switches.fused_swiglu
+
     def _blocks(self, extending: bool) -> list[DecoderBlock]:
         """Compiled blocks for training and for prefixes; decode runs eager. Greedy decode extends its cache by one
         position a call, so compiled blocks would meet a new key length every token: a compilation each (seconds at
@@ -215,7 +220,7 @@ class Molmo2Model(nn.Module):
             if last_layer_kv_only and index == len(blocks) - 1:
                 layers.append(self.transformer.blocks[index].keys_values(x, rope))
                 return None, layers
-            x, kv = block(x, rope, mask, None if past is None else past.layers[index])
+            x, kv = block(x, rope, mask, None if past is None else past.layers[index], self._fused_swiglu())
             layers.append(kv)
         return x, layers
 
@@ -315,11 +320,13 @@ class Molmo2Model(nn.Module):
         rope = self.transformer.rope(positions)
         with backends_context(BASELINE_BACKENDS):
             for block in blocks[:-1]:
-                x, _ = block(x, rope, mask)
+                x, _ = block(x, rope, mask, None, self._fused_swiglu())
         last = len(blocks) - 1
         past = self.transformer.blocks[last].keys_values(x[:, :Np], self.transformer.rope(packing.prefix_pos))
         positions, mask = self._suffix_attention(None, None, packing)
-        x, _ = self._blocks(extending=True)[last](x[:, Np:], self.transformer.rope(positions), mask, past)
+        x, _ = self._blocks(extending=True)[last](
+            x[:, Np:], self.transformer.rope(positions), mask, past, self._fused_swiglu()
+        )
         return self.transformer.ln_f(x)
 
     def _packed_path(self) -> str:

@@ -13,6 +13,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.molmo2.attention.segments import Segments, attend_segments
 from engine.molmo2.model.config import Molmo2Config, TextConfig
+from engine.molmo2.model.swiglu import swiglu
 
 # The dispatcher list the baseline pins for decoder attention (the P1 site), in this priority order. A dense mask
 # rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
@@ -155,8 +156,12 @@ class MLP(nn.Module):
         self.ff_proj = nn.Linear(t.hidden_size, 2 * t.intermediate_size, bias=False)
         self.ff_out = nn.Linear(t.intermediate_size, t.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = self.ff_proj(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """`fused` (X11): silu(gate) * up as swiglu.py's ops, whose backward reads each (up, gate) pair once."""
+        u = self.ff_proj(x)
+        if fused:
+            return self.ff_out(swiglu(u))
+        up, gate = u.chunk(2, dim=-1)
         return self.ff_out(F.silu(gate) * up)
 
 
@@ -173,13 +178,16 @@ class DecoderBlock(nn.Module):
         _, k, v = self.self_attn.project(self.attn_norm(x), rope)
         return k, v
 
-    def forward(self, x: torch.Tensor, rope: Rope, mask: Mask, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+    def forward(
+        self, x: torch.Tensor, rope: Rope, mask: Mask, past: KV | None = None, fused_swiglu: bool = False
+    ) -> tuple[torch.Tensor, KV]:
         """x: [B, S, hidden]; `past` holds earlier positions' K/V, which x's queries also see through `mask`
-        ([B, 1, S, past_len + S], True = may attend). Returns the new x and this layer's K/V of x alone."""
+        ([B, 1, S, past_len + S], True = may attend). Returns the new x and this layer's K/V of x alone.
+        `fused_swiglu` (X11) runs the MLP's SwiGLU as swiglu.py's ops."""
         q, k, v = self.self_attn.project(self.attn_norm(x), rope)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         x = x + self.self_attn.output(attend(q, keys, values, mask))
-        x = x + self.mlp(self.ff_norm(x))
+        x = x + self.mlp(self.ff_norm(x), fused_swiglu)
         return x, (k, v)
 
 

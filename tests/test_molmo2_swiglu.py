@@ -1,0 +1,165 @@
+"""X11, the decoder MLP's SwiGLU as one op each way: its gradient is silu(gate) * up's (fp64 gradcheck), its output
+and gradient are the baseline MLP's to fp32 rounding, a swapped [up, gate] layout is caught, a training step with
+the switch is the baseline's, and evaluation ignores it; on CUDA the Triton kernels are the reference arithmetic,
+eager and inside a compiled block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from molmo2_fixtures import make_runner, tiny_model, train_config
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.molmo2.model.swiglu import reference_backward, reference_forward, swiglu
+from engine.molmo2.switches import Switches
+from engine.molmo2.train.step import Trainer
+
+X11 = Switches(fused_swiglu=True)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _baseline(u: torch.Tensor) -> torch.Tensor:
+    up, gate = u.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def test_the_ops_gradient_is_the_derivative_of_silu_gate_times_up():
+    u = torch.randn(3, 5, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(swiglu, (u,))
+    grad = torch.randn(3, 5, 6, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(swiglu(u), u, grad)
+    (baseline,) = torch.autograd.grad(_baseline(u), u, grad)
+    torch.testing.assert_close(ours, baseline, rtol=1e-12, atol=1e-14)
+
+
+def test_in_fp32_the_op_is_the_baseline_to_rounding_and_a_swapped_layout_is_caught():
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(64, 40, generator=g, requires_grad=True)
+    grad = torch.randn(64, 20, generator=g)
+    out = swiglu(u)
+    (du,) = torch.autograd.grad(out, u, grad)
+    base = _baseline(u)
+    (base_du,) = torch.autograd.grad(base, u, grad)
+    torch.testing.assert_close(out, base, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(du, base_du, rtol=1e-5, atol=1e-6)
+    # the checkpoint's order is [up, gate]: the usual [gate, up] reading is a different function
+    swapped = torch.cat(u.detach().chunk(2, dim=-1)[::-1], dim=-1)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(swiglu(swapped), base, rtol=1e-3, atol=1e-3)
+
+
+def test_bf16_rounds_once_from_fp32():
+    u = torch.randn(32, 16, dtype=torch.bfloat16)
+    grad = torch.randn(32, 8, dtype=torch.bfloat16)
+    assert torch.equal(reference_forward(u), _baseline(u.float()).to(torch.bfloat16))
+    du = reference_backward(grad, u)
+    assert du.dtype == torch.bfloat16 and du.shape == u.shape
+    up_wide = u.float().requires_grad_()
+    (expected,) = torch.autograd.grad(_baseline(up_wide), up_wide, grad.float())
+    torch.testing.assert_close(du.float(), expected, rtol=2**-8, atol=1e-6)  # one bf16 rounding of the fp32 value
+
+
+def test_an_odd_width_is_refused_with_what_it_needs():
+    with pytest.raises(ValueError, match=r"fused \[up, gate\] projection"):
+        swiglu(torch.randn(2, 7))
+
+
+class _OpsSeen(TorchDispatchMode):
+    """The names of the ops a block of code dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    runner = make_runner(batch=4, backward_chunks=1)
+    runner.load_data()
+    return runner.pool
+
+
+def test_a_training_step_with_x11_is_the_baselines_and_evaluation_ignores_it(pool):
+    results = []
+    for switches in (Switches(), X11):
+        model = tiny_model(seed=2)
+        model.switches = switches
+        model.eval()
+        chunk = pool[1].chunks[0]
+        with torch.no_grad():
+            logits = model(chunk.prefix.input_ids, chunk.prefix.attention_mask, chunk.prefix.mm_token_type_ids,
+                           pixel_values=chunk.prefix.pixel_values,
+                           image_token_pooling=chunk.prefix.image_token_pooling)  # fmt: skip
+        trainer = Trainer(model, train_config(batch=4, backward_chunks=1), torch.device("cpu"))
+        with _OpsSeen() as seen:
+            loss, _ = trainer.step(pool[0])
+        assert ({"prereg.swiglu_forward.default", "prereg.swiglu_backward.default"} <= seen.ops) == (switches == X11)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((float(loss), grads, logits))
+    (base_loss, base_grads, base_logits), (loss, grads, logits) = results
+    assert abs(loss - base_loss) < 1e-5
+    assert grads.keys() == base_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, base_grads[name], rtol=1e-4, atol=1e-6)
+    assert torch.equal(logits, base_logits)  # training mode only: evaluation runs the baseline's SwiGLU
+
+
+# ---- CUDA ----
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("width", [9728, 1000, 24])  # the 4B width; one that is no multiple of the block; tiny
+def test_the_triton_kernels_are_the_reference_arithmetic(dtype, width):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    u = torch.randn(257, 2 * width, generator=g, device="cuda").to(dtype)
+    grad = torch.randn(257, width, generator=g, device="cuda").to(dtype)
+    out = swiglu(u)
+    du = torch.ops.prereg.swiglu_backward(grad, u)
+    tolerance = {"rtol": 2**-7, "atol": 1e-5} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(out, reference_forward(u.cpu()).to("cuda"), **tolerance)
+    torch.testing.assert_close(du, reference_backward(grad.cpu(), u.cpu()).to("cuda"), **tolerance)
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_planted_fault_in_the_kernel_comparison_is_caught():
+    """The comparison above can fail: the up and gate halves of the reference's gradient swapped."""
+    u = torch.randn(64, 2 * 256, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    du = torch.ops.prereg.swiglu_backward(grad, u)
+    wrong = torch.cat(reference_backward(grad.cpu(), u.cpu()).chunk(2, dim=-1)[::-1], dim=-1).to("cuda")
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(du, wrong, rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_compiled_block_with_x11_is_the_baselines_under_autocast():
+    from engine.molmo2.model.text import DecoderBlock, Rope
+
+    model = tiny_model(seed=1)
+    block = model.transformer.blocks[0].cuda()
+    compiled = torch.compile(block, dynamic=False)
+    x0 = torch.randn(2, 16, block.mlp.ff_proj.in_features, device="cuda")
+    rope = Rope(torch.arange(16, device="cuda")[None].expand(2, 16), model.config.text.head_dim,
+                model.config.text.rope_theta)  # fmt: skip
+    outs = []
+    for fused in (False, True):
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, _ = compiled(x, rope, None, None, fused)
+        out.float().square().sum().backward()
+        outs.append((out.float(), x.grad, block.mlp.ff_proj.weight.grad.clone()))
+        block.zero_grad(set_to_none=True)
+    assert isinstance(block, DecoderBlock)
+    (out0, dx0, dw0), (out1, dx1, dw1) = outs
+    torch.testing.assert_close(out1, out0, rtol=2e-2, atol=2e-2)  # bf16: the same arithmetic, another kernel
+    torch.testing.assert_close(dx1, dx0, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(dw1, dw0, rtol=5e-2, atol=5e-2)
