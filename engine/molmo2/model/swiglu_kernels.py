@@ -1,8 +1,8 @@
 """The Triton kernels of X11's SwiGLU (swiglu.py). A program owns BLOCK columns of one row: it reads each column's
-(up, gate) pair, and in the backward its incoming gradient, once, and writes the output (forward) or both halves of
-the [up, gate] gradient (backward). A 2D grid (rows, column blocks) leaves no division per element, and the row
-width is a multiple of 16 at every geometry, so Triton's integer specialisation vectorises the loads. Importing
-this module needs Triton (CUDA only)."""
+(up, gate) pair, and in the backward its incoming gradient, once, and writes h = silu(gate) * up (forward), or both
+halves of the [up, gate] gradient and h again (backward, for the down projection's weight gradient). A 2D grid
+(rows, column blocks) leaves no division per element, and the row width is a multiple of 16 at every geometry, so
+Triton's integer specialisation vectorises the loads. Importing this module needs Triton (CUDA only)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _forward_kernel(u, out, width, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _backward_kernel(grad, u, du, width, BLOCK: tl.constexpr):
+def _backward_kernel(grad, u, du, h, width, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -36,10 +36,11 @@ def _backward_kernel(grad, u, du, width, BLOCK: tl.constexpr):
     gate = tl.load(u + pair + width, mask=mask).to(tl.float32)
     g = tl.load(grad + row * width + cols, mask=mask).to(tl.float32)
     sigmoid = tl.sigmoid(gate)
-    d_up = g * gate * sigmoid
+    silu = gate * sigmoid
     d_gate = g * up * sigmoid * (1.0 + gate * (1.0 - sigmoid))
-    tl.store(du + pair, d_up.to(du.dtype.element_ty), mask=mask)
+    tl.store(du + pair, (g * silu).to(du.dtype.element_ty), mask=mask)
     tl.store(du + pair + width, d_gate.to(du.dtype.element_ty), mask=mask)
+    tl.store(h + row * width + cols, (silu * up).to(h.dtype.element_ty), mask=mask)
 
 
 def _grid(rows: int, width: int) -> tuple[int, int]:
@@ -55,10 +56,10 @@ def forward(u: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def backward(grad: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def backward(grad: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     width = u.shape[-1] // 2
-    du = torch.empty_like(u)
+    du, h = torch.empty_like(u), u.new_empty((*u.shape[:-1], width))
     rows = u.numel() // (2 * width)
     if rows:
-        _backward_kernel[_grid(rows, width)](grad, u, du, width, BLOCK=BLOCK, num_warps=WARPS)
-    return du
+        _backward_kernel[_grid(rows, width)](grad.contiguous(), u, du, h, width, BLOCK=BLOCK, num_warps=WARPS)
+    return du, h

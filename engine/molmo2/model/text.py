@@ -13,7 +13,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.molmo2.attention.segments import Segments, attend_segments
 from engine.molmo2.model.config import Molmo2Config, TextConfig
-from engine.molmo2.model.swiglu import swiglu
+from engine.molmo2.model.swiglu import swiglu_down
 
 # The dispatcher list the baseline pins for decoder attention (the P1 site), in this priority order. A dense mask
 # rules out FLASH, so on CUDA this runs EFFICIENT or MATH.
@@ -157,10 +157,11 @@ class MLP(nn.Module):
         self.ff_out = nn.Linear(t.intermediate_size, t.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """`fused` (X11): silu(gate) * up as swiglu.py's ops, whose backward reads each (up, gate) pair once."""
+        """`fused` (X11): ff_out(silu(gate) * up) as swiglu.py's ops, whose backward reads each (up, gate) pair
+        once."""
         u = self.ff_proj(x)
         if fused:
-            return self.ff_out(swiglu(u))
+            return swiglu_down(u, self.ff_out.weight)
         up, gate = u.chunk(2, dim=-1)
         return self.ff_out(F.silu(gate) * up)
 
