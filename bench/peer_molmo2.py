@@ -383,6 +383,11 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights"),
     ),
+    # ... with X11 (the MLP's ff_out(silu(gate) * up) as one op each way, molmo2-x11-h200)
+    "packed-varlen-cudnn-one-pass-x2-x7-x10-x11": (
+        {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
+        (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights", "fused_swiglu"),
+    ),
     # ... with inductor's coordinate-descent tuning of every compiled Triton kernel (compile_tuning): not landed
     "packed-varlen-cudnn-one-pass-x2-x7-cdt": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn", "compile_tuning": "coordinate-descent"},
