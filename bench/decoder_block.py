@@ -1,13 +1,16 @@
 """One decoder block's forward and backward at a geometry's training shapes, compiled as the training step compiles
-it, in four arms: the residual stream in fp32 (the baseline: the hub's fp32 embeddings carry it) or in bf16, and
-the MLP's SwiGLU as inductor fuses `F.silu(gate) * up` or as X11's ops (engine/molmo2/model/swiglu.py).
+it, in arms that change one thing each against the landed block: the MLP's SwiGLU as X11's ops
+(engine/molmo2/model/swiglu.py) instead of inductor's fusion of `F.silu(gate) * up`; the residual stream in bf16
+instead of fp32 (the hub's fp32 embeddings carry it); inductor's coordinate-descent tuning of every Triton kernel
+(run config compile_tuning = "coordinate-descent").
 
 The block sees one packed row of the benchmark pool's shape: 12 samples alternating one and two cameras (prefix
 580 and 1,023 tokens, 424 image tokens a camera, suffix 71), so 10,470 tokens, attending through the landed varlen
-segments on cuDNN; the trainable linears in bf16 (X10, landed), the norms in fp32, bf16 autocast. Each arm: CUDA
-events around forward + backward from a fixed upstream gradient, the median of --repeats after --warmup; the
-forward alone the same way; the memory the forward leaves saved for the backward; and each arm's output and input
-gradient against the baseline arm's.
+segments on cuDNN; the trainable linears in bf16 (X10, landed), the norms in fp32, bf16 autocast. After --warmup
+steps of every arm, --repeats rounds each time every arm's forward + backward once (CUDA events, from a fixed
+upstream gradient), so drift reaches every arm alike; the median and the minimum per arm. Then per arm: the
+forward alone, the memory the forward leaves saved for the backward, the device time of its kernels by name over 3
+profiled steps (torch.profiler), and its output and input gradient against the first arm's.
 
     python bench/decoder_block.py --geometry 4b --warmup 5 --repeats 30 --out "$OUT"
 
@@ -20,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,11 +38,12 @@ IMAGE_TOKENS = 424  # one camera at max_crops 1: the low-res and one high-res cr
 PREFIXES = (580, 1023)  # one camera, two cameras: the pool's mean prefix is 801.6 tokens
 SUFFIX = 71
 SAMPLES = 12
-ARMS = {  # name -> (residual dtype, X11)
-    "fp32-residual": (torch.float32, False),
-    "fp32-residual-x11": (torch.float32, True),
-    "bf16-residual": (torch.bfloat16, False),
-    "bf16-residual-x11": (torch.bfloat16, True),
+TOP_KERNELS = 12
+ARMS = {  # name -> (residual dtype, X11, inductor's options)
+    "landed": (torch.float32, False, {}),
+    "x11": (torch.float32, True, {}),
+    "bf16-residual": (torch.bfloat16, False, {}),
+    "coordinate-descent": (torch.float32, False, {"coordinate_descent_tuning": True}),
 }
 
 
@@ -63,51 +68,63 @@ def packed_row() -> tuple[list[Sample], torch.Tensor]:
     return samples, torch.tensor(positions)
 
 
-def timed(fn, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+def event_ms(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
-def run_arm(block, compiled, x0, grad_out, rope, segments, dtype, fused, args) -> dict:
-    x = x0.to(dtype).requires_grad_()
-    g = grad_out.to(dtype)
+class Arm:
+    def __init__(self, name: str, block: DecoderBlock, x0, grad_out, rope, segments) -> None:
+        dtype, self.fused, options = ARMS[name]
+        self.name, self.block, self.rope, self.segments = name, block, rope, segments
+        self.compiled = torch.compile(block, dynamic=False, options=options)
+        self.x = x0.detach().to(dtype).clone().requires_grad_()
+        self.grad = grad_out.to(dtype)
 
-    def forward():
+    def forward(self) -> torch.Tensor:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            return compiled(x, rope, segments, None, fused)[0]
+            return self.compiled(self.x, self.rope, self.segments, None, self.fused)[0]
 
-    def step():
-        x.grad = None
-        for p in block.parameters():
+    def step(self) -> None:
+        self.x.grad = None
+        for p in self.block.parameters():
             p.grad = None
-        forward().backward(g)
+        self.forward().backward(self.grad)
 
-    step_ms = timed(step, args.warmup, args.repeats)
-    with torch.no_grad():
-        forward_ms = timed(forward, args.warmup, args.repeats)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    out = forward()
-    saved = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
-    out.backward(g)
-    return {
-        "fwd_bwd_ms": statistics.median(step_ms),
-        "fwd_bwd_ms_min": min(step_ms),
-        "forward_ms": statistics.median(forward_ms),
-        "saved_mib": saved / 2**20,
-        "out": out.detach().float(),
-        "x_grad": x.grad.float(),
-    }
+    def kernels_ms(self, steps: int = 3) -> dict[str, float]:
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+            for _ in range(steps):
+                self.step()
+            torch.cuda.synchronize()
+        totals: dict[str, float] = defaultdict(float)
+        for event in profiler.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                totals[event.name] += event.device_time_total / 1e3 / steps
+        return dict(sorted(totals.items(), key=lambda item: -item[1])[:TOP_KERNELS])
+
+    def summary(self, step_ms: list[float]) -> dict:
+        with torch.no_grad():
+            forward_ms = [event_ms(self.forward) for _ in range(10)]
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = self.forward()
+        saved = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
+        self.x.grad = None
+        out.backward(self.grad)
+        return {
+            "fwd_bwd_ms": statistics.median(step_ms),
+            "fwd_bwd_ms_min": min(step_ms),
+            "forward_ms": statistics.median(forward_ms),
+            "saved_mib": saved / 2**20,
+            "kernels_ms": self.kernels_ms(),
+            "out": out.detach().float(),
+            "x_grad": self.x.grad.float(),
+        }
 
 
 def main() -> None:
@@ -135,22 +152,29 @@ def main() -> None:
     x0 = torch.randn(1, n, t.hidden_size, device="cuda")
     grad_out = torch.randn(1, n, t.hidden_size, device="cuda") * 1e-2
     torch._dynamo.config.recompile_limit = 64
-    compiled = torch.compile(block, dynamic=False)
+    arms = [Arm(name, block, x0, grad_out, rope, segments) for name in args.arms.split(",")]
+    for arm in arms:
+        for _ in range(args.warmup):
+            arm.step()
+    times: dict[str, list[float]] = {arm.name: [] for arm in arms}
+    for _ in range(args.repeats):
+        for arm in arms:
+            times[arm.name].append(event_ms(arm.step))
     rows, reference = {}, None
-    for name in args.arms.split(","):
-        dtype, fused = ARMS[name]
-        row = run_arm(block, compiled, x0, grad_out, rope, segments, dtype, fused, args)
+    for arm in arms:
+        row = arm.summary(times[arm.name])
         if reference is None:
-            reference = row
+            reference = {key: row[key] for key in ("out", "x_grad")}
         for key in ("out", "x_grad"):
             diff = (row[key] - reference[key]).abs().max().item()
             row[f"{key}_max_abs_diff"] = diff
             row[f"{key}_rel"] = diff / reference[key].abs().max().item()
         del row["out"], row["x_grad"]
-        rows[name] = row
-    base = rows[next(iter(rows))]["fwd_bwd_ms"]
+        rows[arm.name] = row
+    base = rows[arms[0].name]
     for row in rows.values():
-        row["saving_ms_per_step_36_blocks"] = (base - row["fwd_bwd_ms"]) * t.num_layers
+        row["saving_ms_per_step_36_blocks"] = (base["fwd_bwd_ms"] - row["fwd_bwd_ms"]) * t.num_layers
+        row["saving_ms_per_step_36_blocks_min"] = (base["fwd_bwd_ms_min"] - row["fwd_bwd_ms_min"]) * t.num_layers
     conditions = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -163,18 +187,23 @@ def main() -> None:
         "attention": "varlen segments on cuDNN",
         "warmup": args.warmup,
         "repeats": args.repeats,
-        "timing": "CUDA events, median",
+        "timing": "CUDA events; rounds interleave the arms; median and minimum",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"decoder_block_{args.geometry}.json").write_text(
         json.dumps({"conditions": conditions, "arms": rows}, indent=2)
     )
     print("conditions", json.dumps(conditions))
-    print(f"{'arm':<20} {'fwd+bwd ms':>11} {'min':>8} {'fwd ms':>8} {'saved MiB':>10} {'x36 ms':>8} "
+    for name, row in rows.items():
+        print(f"{name}: top kernels, ms a step")
+        for kernel, ms in list(row["kernels_ms"].items())[:8]:
+            print(f"  {ms:8.3f}  {kernel[:100]}")
+    print(f"{'arm':<20} {'fwd+bwd ms':>11} {'min':>8} {'fwd ms':>8} {'saved MiB':>10} {'x36 ms':>8} {'x36 min':>8} "
           f"{'out rel':>9} {'dx rel':>9}")  # fmt: skip
     for name, row in rows.items():
+        saving, saving_min = row["saving_ms_per_step_36_blocks"], row["saving_ms_per_step_36_blocks_min"]
         print(f"{name:<20} {row['fwd_bwd_ms']:>11.3f} {row['fwd_bwd_ms_min']:>8.3f} {row['forward_ms']:>8.3f} "
-              f"{row['saved_mib']:>10.0f} {row['saving_ms_per_step_36_blocks']:>8.2f} {row['out_rel']:>9.2e} "
+              f"{row['saved_mib']:>10.0f} {saving:>8.2f} {saving_min:>8.2f} {row['out_rel']:>9.2e} "
               f"{row['x_grad_rel']:>9.2e}")  # fmt: skip
 
 
