@@ -7,10 +7,11 @@ instead of fp32 (the hub's fp32 embeddings carry it); inductor's coordinate-desc
 The block sees one packed row of the benchmark pool's shape: 12 samples alternating one and two cameras (prefix
 580 and 1,023 tokens, 424 image tokens a camera, suffix 71), so 10,470 tokens, attending through the landed varlen
 segments on cuDNN; the trainable linears in bf16 (X10, landed), the norms in fp32, bf16 autocast. After --warmup
-steps of every arm, --repeats rounds each time every arm's forward + backward once (CUDA events, from a fixed
-upstream gradient), so drift reaches every arm alike; the median and the minimum per arm. Then per arm: the
-forward alone, the memory the forward leaves saved for the backward, the device time of its kernels by name over 3
-profiled steps (torch.profiler), and its output and input gradient against the first arm's.
+steps of every arm, --repeats rounds each time every arm's forward + backward (CUDA events around 5 steps back to
+back, from a fixed upstream gradient, so the host's launches run ahead as in a training step), so drift reaches every
+arm alike; the median and the minimum per arm. Then per arm: the forward alone, the memory the forward leaves saved
+for the backward, the device time of its kernels by name over 3 profiled steps (torch.profiler), the SwiGLU's
+kernels among them, and its output and input gradient against the first arm's.
 
     python bench/decoder_block.py --geometry 4b --warmup 5 --repeats 30 --out "$OUT"
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -39,6 +41,9 @@ PREFIXES = (580, 1023)  # one camera, two cameras: the pool's mean prefix is 801
 SUFFIX = 71
 SAMPLES = 12
 TOP_KERNELS = 12
+STEPS_PER_ROUND = 5  # back to back between two events, so the host's launches run ahead of the device as in a step
+# The SwiGLU's kernels by name: inductor's fusions of F.silu(gate) * up and its backward, or X11's two
+SWIGLU_KERNELS = re.compile(r"silu|^_forward_kernel$|^_backward_kernel$")
 ARMS = {  # name -> (residual dtype, X11, inductor's options)
     "landed": (torch.float32, False, {}),
     "x11": (torch.float32, True, {}),
@@ -95,6 +100,10 @@ class Arm:
             p.grad = None
         self.forward().backward(self.grad)
 
+    def steps(self, count: int) -> None:
+        for _ in range(count):
+            self.step()
+
     def kernels_ms(self, steps: int = 3) -> dict[str, float]:
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
@@ -105,9 +114,18 @@ class Arm:
         for event in profiler.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 totals[event.name] += event.device_time_total / 1e3 / steps
-        return dict(sorted(totals.items(), key=lambda item: -item[1])[:TOP_KERNELS])
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def kernel_summary(self) -> dict:
+        kernels = self.kernels_ms()
+        return {
+            "kernels_ms": dict(list(kernels.items())[:TOP_KERNELS]),
+            "kernels_total_ms": sum(kernels.values()),
+            "swiglu_ms": sum(ms for name, ms in kernels.items() if SWIGLU_KERNELS.search(name)),
+        }
 
     def summary(self, step_ms: list[float]) -> dict:
+        kernels = self.kernel_summary()
         with torch.no_grad():
             forward_ms = [event_ms(self.forward) for _ in range(10)]
         torch.cuda.synchronize()
@@ -121,7 +139,7 @@ class Arm:
             "fwd_bwd_ms_min": min(step_ms),
             "forward_ms": statistics.median(forward_ms),
             "saved_mib": saved / 2**20,
-            "kernels_ms": self.kernels_ms(),
+            **kernels,
             "out": out.detach().float(),
             "x_grad": self.x.grad.float(),
         }
@@ -159,7 +177,7 @@ def main() -> None:
     times: dict[str, list[float]] = {arm.name: [] for arm in arms}
     for _ in range(args.repeats):
         for arm in arms:
-            times[arm.name].append(event_ms(arm.step))
+            times[arm.name].append(event_ms(lambda: arm.steps(STEPS_PER_ROUND)) / STEPS_PER_ROUND)
     rows, reference = {}, None
     for arm in arms:
         row = arm.summary(times[arm.name])
@@ -175,6 +193,7 @@ def main() -> None:
     for row in rows.values():
         row["saving_ms_per_step_36_blocks"] = (base["fwd_bwd_ms"] - row["fwd_bwd_ms"]) * t.num_layers
         row["saving_ms_per_step_36_blocks_min"] = (base["fwd_bwd_ms_min"] - row["fwd_bwd_ms_min"]) * t.num_layers
+        row["swiglu_saving_ms_per_step_36_blocks"] = (base["swiglu_ms"] - row["swiglu_ms"]) * t.num_layers
     conditions = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -187,7 +206,7 @@ def main() -> None:
         "attention": "varlen segments on cuDNN",
         "warmup": args.warmup,
         "repeats": args.repeats,
-        "timing": "CUDA events; rounds interleave the arms; median and minimum",
+        "timing": f"CUDA events around {STEPS_PER_ROUND} steps; rounds interleave the arms; median and minimum",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"decoder_block_{args.geometry}.json").write_text(
@@ -199,11 +218,12 @@ def main() -> None:
         for kernel, ms in list(row["kernels_ms"].items())[:8]:
             print(f"  {ms:8.3f}  {kernel[:100]}")
     print(f"{'arm':<20} {'fwd+bwd ms':>11} {'min':>8} {'fwd ms':>8} {'saved MiB':>10} {'x36 ms':>8} {'x36 min':>8} "
-          f"{'out rel':>9} {'dx rel':>9}")  # fmt: skip
+          f"{'swiglu ms':>9} {'x36':>6} {'out rel':>9} {'dx rel':>9}")  # fmt: skip
     for name, row in rows.items():
         saving, saving_min = row["saving_ms_per_step_36_blocks"], row["saving_ms_per_step_36_blocks_min"]
         print(f"{name:<20} {row['fwd_bwd_ms']:>11.3f} {row['fwd_bwd_ms_min']:>8.3f} {row['forward_ms']:>8.3f} "
-              f"{row['saved_mib']:>10.0f} {saving:>8.2f} {saving_min:>8.2f} {row['out_rel']:>9.2e} "
+              f"{row['saved_mib']:>10.0f} {saving:>8.2f} {saving_min:>8.2f} {row['swiglu_ms']:>9.3f} "
+              f"{row['swiglu_saving_ms_per_step_36_blocks']:>6.2f} {row['out_rel']:>9.2e} "
               f"{row['x_grad_rel']:>9.2e}")  # fmt: skip
 
 
