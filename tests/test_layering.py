@@ -7,6 +7,7 @@ tests/test_no_torch.py checks the CLI's process as well."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def module_name(path: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(path: str, source: str) -> list[tuple[int, str]]:
+# Cached on (path, source): a planted copy parses only the file it changed, not every module of the tree again.
+@functools.cache
+def imported(path: str, source: str) -> tuple[tuple[int, str], ...]:
     """(line, module) for every import statement anywhere in the module; relative imports resolved."""
     package = module_name(path).split(".")
     if not path.endswith("__init__.py"):
@@ -39,7 +42,7 @@ def imported(path: str, source: str) -> list[tuple[int, str]]:
             stem = ".".join([*base, node.module] if node.module else base)
             # `from engine import molmo2` imports engine.molmo2: name each imported name under its module too.
             found += [(node.lineno, stem)] + [(node.lineno, f"{stem}.{alias.name}") for alias in node.names]
-    return found
+    return tuple(found)
 
 
 def within(module: str, root: str) -> bool:

@@ -23,6 +23,10 @@ ROWS = [Row(images=2, text=5, aux=2, fast=3, two_crops=True), Row(images=1, text
         Row(images=1, text=7, aux=3, fast=1)]  # fmt: skip
 FORWARD_ATOL = 1e-5  # fp32 logits: a different attention kernel reorders the softmax sums, nothing more
 GRAD_RTOL = 1e-4  # fp32 gradients relative to each parameter's largest gradient
+# The two tests that compile on the CPU share one worker, one after the other: the decode test's prefix graphs reuse
+# the kernels the training test built (inductor's on-disk cache) and its pool of compile workers, where on two
+# workers at once each would build its own (on a cold cache the decode test then compiles in half the time).
+ON_THE_COMPILING_WORKER = pytest.mark.xdist_group("inductor")
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +89,7 @@ def test_flex_prefix_forward_matches_sdpa(batch):
     )
 
 
+@ON_THE_COMPILING_WORKER
 def test_compiled_blocks_train_like_eager(batch):
     eager = _train_step(batch, Execution())
     compiled = _train_step(batch, Execution(compile=True))
@@ -210,6 +215,7 @@ def test_cuda_flex_trains_like_sdpa(batch, execution):
     assert diff <= GRAD_RTOL, name
 
 
+@ON_THE_COMPILING_WORKER
 def test_compiled_model_decodes_eagerly_and_byte_identically():
     """Decode extends the cache by one position a call: compiled blocks would compile a graph per token, up to
     Dynamo's recompile limit. With compile on, the prefix compiles and the decode loop adds no graph, and the
