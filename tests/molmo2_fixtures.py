@@ -188,6 +188,13 @@ def make_runner(profile: str = "cpu-tiny", seed: int = 0, **raw: Any) -> Molmo2R
     return Molmo2Runner(PROFILES[profile], run_config(profile, **raw), seed=seed)
 
 
+def data_pool(**raw: Any) -> list:
+    """The training steps a cpu-tiny runner with this run config draws (no model loaded)."""
+    runner = make_runner(**raw)
+    runner.load_data()
+    return runner.pool
+
+
 def train_config(**fields: Any) -> TrainConfig:
     """The step's settings of cpu-tiny's default run config, with `fields` replaced."""
     return dataclasses.replace(TrainConfig.of(run_config()), **fields)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from molmo2_fixtures import make_runner, tiny_model, train_config
+from molmo2_fixtures import data_pool, make_runner, tiny_model, train_config
 
 from engine.molmo2.attention.execution import Execution
 from engine.molmo2.switches import Switches
@@ -22,9 +22,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 @pytest.fixture(scope="module")
 def pool():
-    runner = make_runner(batch=4, backward_chunks=1)
-    runner.load_data()
-    return runner.pool
+    return data_pool(batch=4, backward_chunks=1)
 
 
 def _trained(pool, steps: int = 2) -> Trainer:

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from molmo2_fixtures import make_runner, tiny_model, train_config
+from molmo2_fixtures import data_pool, make_runner, tiny_model, train_config
 
 from engine.molmo2.model.ar import ar_forward
 from engine.molmo2.switches import BASELINE, Switches
@@ -20,9 +20,7 @@ X7 = Switches(optimizer_overlaps_vision=True)
 
 @pytest.fixture(scope="module")
 def pool():
-    runner = make_runner(batch=4, backward_chunks=2)
-    runner.load_data()
-    return runner.pool
+    return data_pool(batch=4, backward_chunks=2)
 
 
 def test_features_computed_ahead_are_the_embeddings_own(pool):

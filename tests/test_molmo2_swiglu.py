@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from molmo2_fixtures import make_runner, tiny_model, train_config
+from molmo2_fixtures import data_pool, tiny_model, train_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.molmo2.model.swiglu import reference_backward, reference_forward, swiglu_down
@@ -85,9 +85,7 @@ class _OpsSeen(TorchDispatchMode):
 
 @pytest.fixture(scope="module")
 def pool():
-    runner = make_runner(batch=4, backward_chunks=1)
-    runner.load_data()
-    return runner.pool
+    return data_pool(batch=4, backward_chunks=1)
 
 
 def test_a_training_step_with_x11_is_the_baselines_and_evaluation_ignores_it(pool):
