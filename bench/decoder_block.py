@@ -10,7 +10,7 @@ segments on cuDNN; the trainable linears in bf16 (X10, landed), the norms in fp3
 steps of every arm, --repeats rounds each time every arm's forward + backward (CUDA events around 5 steps back to
 back, from a fixed upstream gradient, so the host's launches run ahead as in a training step), so drift reaches every
 arm alike; the median and the minimum per arm. Then per arm: the forward alone, the memory the forward leaves saved
-for the backward, the device time of its kernels by name over 3 profiled steps (torch.profiler), the SwiGLU's
+for the backward, the time of its kernels by name over 3 profiled steps (torch.profiler), the SwiGLU's
 kernels among them, and its output and input gradient against the first arm's.
 
     python bench/decoder_block.py --geometry 4b --warmup 5 --repeats 30 --out "$OUT"

@@ -45,7 +45,8 @@ class Switches:
     # change where gradients are summed and in the update's rounding.
     bf16_linear_weights: bool = False
     # X11: the decoder MLP's SwiGLU as one op each way (model/swiglu.py), whose backward reads each (up, gate) pair
-    # and its gradient once and writes both halves of the [up, gate] gradient; Triton on CUDA. Training mode only.
+    # and its gradient once and writes both halves of the [up, gate] gradient and h, which it therefore need not keep
+    # for the backward; Triton on CUDA. Training mode only.
     # A numerics change at the last bit: fp32 arithmetic rounded once, as inductor's kernels, in another order.
     fused_swiglu: bool = False
 

@@ -1,11 +1,11 @@
 """The decoder MLP after its fused [up, gate] projection, `ff_out(silu(gate) * up)`, as one op forward and one op
 backward (X11, `fused_swiglu`).
 
-Compiled, the baseline saves the projection u = [up, gate] and, in the backward, one inductor kernel over the
-[up, gate]-gradient recomputes h = silu(gate) * up for ff_out's weight gradient and differentiates the SwiGLU, each
-element on its own, so every (up, gate) pair is read for both halves of the gradient. Here the backward kernel reads
-a pair and its incoming gradient once and writes both halves and h. The saved tensors are the baseline's: u and
-the weight, never h. Arithmetic in fp32, one rounding to the output dtype, as inductor's fused kernels.
+Compiled, the baseline keeps the projection u = [up, gate] and h = silu(gate) * up for the backward, where one
+inductor kernel over the [up, gate]-gradient differentiates the SwiGLU element by element, so every (up, gate) pair
+is read for both halves of the gradient. Here the backward kernel reads a pair and its incoming gradient once and
+writes both halves and h again (for ff_out's weight gradient), so the op keeps only u and the weight: h's bytes a
+block less than the baseline. Arithmetic in fp32, one rounding to the output dtype, as inductor's fused kernels.
 
 `swiglu_down(u, weight)` takes u = ff_proj(x), [..., 2 * I] with up first (the checkpoint's order), and ff_out's
 weight [H, I], and returns h @ weight.T. On CUDA the SwiGLU halves are Triton kernels (swiglu_kernels.py) around
@@ -13,6 +13,9 @@ the same matmuls; elsewhere the same arithmetic in torch. Both ops are torch cus
 blocks; under CUDA autocast their inputs are cast to bf16, as autocast casts a linear's."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +44,8 @@ def reference_backward(grad: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tenso
     return torch.cat([d_up, d_gate], dim=-1).to(u.dtype), (silu * up).to(u.dtype)
 
 
-def _halves(u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _halves(u: torch.Tensor) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The SwiGLU's forward and backward halves for u's device."""
     if u.is_cuda:
         from engine.molmo2.model import swiglu_kernels  # Triton: imported only where a CUDA device runs it
 

@@ -57,9 +57,10 @@ def forward(u: torch.Tensor) -> torch.Tensor:
 
 
 def backward(grad: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """grad: contiguous, [..., width] (the down projection's input gradient, a matmul's output)."""
     width = u.shape[-1] // 2
     du, h = torch.empty_like(u), u.new_empty((*u.shape[:-1], width))
     rows = u.numel() // (2 * width)
     if rows:
-        _backward_kernel[_grid(rows, width)](grad.contiguous(), u, du, h, width, BLOCK=BLOCK, num_warps=WARPS)
+        _backward_kernel[_grid(rows, width)](grad, u, du, h, width, BLOCK=BLOCK, num_warps=WARPS)
     return du, h
