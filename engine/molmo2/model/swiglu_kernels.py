@@ -58,6 +58,7 @@ def forward(u: torch.Tensor) -> torch.Tensor:
 
 def backward(grad: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """grad: contiguous, [..., width] (the down projection's input gradient, a matmul's output)."""
+    assert grad.is_contiguous() and u.is_contiguous(), "the kernel reads rows at a stride of their width"
     width = u.shape[-1] // 2
     du, h = torch.empty_like(u), u.new_empty((*u.shape[:-1], width))
     rows = u.numel() // (2 * width)
