@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from engine.molmo2.attention.execution import VARLEN_KERNELS
 from engine.molmo2.switches import RETIRED as RETIRED_SWITCHES
 from engine.molmo2.switches import Switches
 from prereg.workload import (
@@ -336,6 +337,18 @@ def _bf16_weights_need_one_cuda_process_and_chunk(c: Molmo2RunConfig, profile: P
         )
 
 
+def _packed_query_heads_need_varlen(c: Molmo2RunConfig, profile: Profile) -> None:
+    """X12 packs the query heads of a packed row's full varlen calls: without varlen segments it has no site."""
+    del profile
+    if "packed_query_heads" in c.baseline_switches and c.pack_attention not in VARLEN_KERNELS:
+        raise ConfigConflict(
+            ("baseline_switches", "pack_attention"),
+            "packed_query_heads in baseline_switches packs the query heads of varlen segments' full calls; "
+            f"pack_attention = {c.pack_attention!r} runs no varlen call; fix: set pack = true and pack_attention = "
+            "'varlen-cudnn' (or 'varlen'), or remove it from baseline_switches",
+        )
+
+
 CROSS_KEY_RULES = (
     _batch_splits_into_chunks,
     _packing_options_need_pack,
@@ -348,6 +361,7 @@ CROSS_KEY_RULES = (
     _pack_multiple_needs_pack,
     _overlap_needs_one_cuda_process,
     _bf16_weights_need_one_cuda_process_and_chunk,
+    _packed_query_heads_need_varlen,
 )
 
 # --- defaults ------------------------------------------------------------------------------------------------

@@ -49,6 +49,11 @@ class Switches:
     # for the backward; Triton on CUDA. Training mode only.
     # A numerics change at the last bit: fp32 arithmetic rounded once, as inductor's kernels, in another order.
     fused_swiglu: bool = False
+    # X12: a packed row's full (image-run) varlen calls with each key head's query heads as one head of 4x the rows
+    # (attention/segments.py packed_heads_call), so the kernel's backward sums each key's gradient over the grouped
+    # heads inside itself instead of writing it per query head and reducing after. Varlen pack_attention only,
+    # training mode only. A numerics change in the order of that sum.
+    packed_query_heads: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":
