@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from molmo2_fixtures import make_batch, make_runner, run_config, tiny_config, tiny_model
+from molmo2_fixtures import make_batch, make_runner, tiny_config, tiny_model
 from test_molmo2_execution import MORE_ROWS, _max_logit_diff, _worst_grad
 
 from engine.molmo2.attention.execution import Execution
@@ -24,7 +24,6 @@ from engine.molmo2.attention.segments import (
 )
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums
 from engine.molmo2.switches import BASELINE, Switches
-from prereg.workload import ConfigError
 
 X12 = Switches(packed_query_heads=True)
 
@@ -138,17 +137,12 @@ def test_a_training_step_with_x12_is_the_baselines_and_evaluation_ignores_it(pac
     assert torch.equal(evaluated, base_eval)
 
 
-def test_x12_is_refused_where_no_varlen_call_runs():
+def test_x12_is_refused_on_a_rung_where_no_varlen_call_runs():
+    """As a rung's item (a baseline switch is the run config's rule, tests/test_run_config.py)."""
     runner = make_runner(pack=True, pack_attention="packed")
     runner.load()
     with pytest.raises(ValueError, match="packed_query_heads .*pack_attention = 'varlen-cudnn'"):
         runner.set_switches(("packed_query_heads",))
-    with pytest.raises(ConfigError, match="baseline_switches: .*pack_attention = 'packed' runs no varlen call; fix"):
-        run_config(pack=True, pack_attention="packed", baseline_switches=["packed_query_heads"])
-    assert (
-        "packed_query_heads"
-        in run_config(pack=True, pack_attention="varlen", baseline_switches=["packed_query_heads"]).baseline_switches
-    )
 
 
 # ---- CUDA ----
