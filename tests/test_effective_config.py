@@ -194,7 +194,7 @@ def test_every_frozen_and_amended_document_of_the_lab_validates(lab: Ledger):
             reg = state.registration_at(version.number)
             assert all(set(reg.effective_config(r.id).model_dump()) == KEYS for r in reg.protocol.rungs)
             versions += 1
-    assert versions == 54  # 31 freezes and 23 amendments
+    assert versions == 55  # 32 freezes and 23 amendments
 
 
 def test_every_run_of_the_lab_resolves_to_the_config_it_ran_with(lab: Ledger):
