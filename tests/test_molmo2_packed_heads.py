@@ -137,6 +137,13 @@ def test_a_training_step_with_x12_is_the_baselines_and_evaluation_ignores_it(pac
     assert torch.equal(evaluated, base_eval)
 
 
+@pytest.mark.parametrize("probe", ["one_step", "loss_curve"])
+def test_x12s_probes_where_no_varlen_call_runs_say_why_they_switch_nothing(probe):
+    runner = make_runner(batch=4, backward_chunks=1, pack=True, pack_attention="packed")
+    runner.load()
+    assert "runs none" in runner.probe(probe, "packed_query_heads", {"steps": 2})["error"]
+
+
 def test_x12_is_refused_on_a_rung_where_no_varlen_call_runs():
     """As a rung's item (a baseline switch is the run config's rule, tests/test_run_config.py)."""
     runner = make_runner(pack=True, pack_attention="packed")
