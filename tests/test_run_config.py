@@ -65,7 +65,7 @@ RULE_CASES = {
         CPU,
         {"pack": True, "pack_attention": "packed", "baseline_switches": ["packed_query_heads"]},
         "baseline_switches",
-        "pack_attention = 'packed' runs no varlen call",
+        "runs none (pack = true, pack_attention = 'packed')",
     ),
 }
 
@@ -96,7 +96,12 @@ MORE_REFUSED = [
         "baseline_switches",
         "backward_chunks = 2 would sum the chunks' gradients in bf16",
     ),
-    (CPU, {"baseline_switches": ["packed_query_heads"]}, "baseline_switches", "pack_attention = None runs no varlen"),
+    (
+        CPU,
+        {"baseline_switches": ["packed_query_heads"]},
+        "baseline_switches",
+        "runs none (pack = false, pack_attention = None)",
+    ),
     (CPU, {"suffix_attention": "flex"}, "suffix_attention", "needs CUDA"),
     (CPU, {"batch": 12, "backward_chunks": 5}, "backward_chunks", "allowed with this batch: [1, 2, 3, 4, 6, 12]"),
 ]

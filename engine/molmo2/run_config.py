@@ -343,9 +343,9 @@ def _packed_query_heads_need_varlen(c: Molmo2RunConfig, profile: Profile) -> Non
     if "packed_query_heads" in c.baseline_switches and c.pack_attention not in VARLEN_KERNELS:
         raise ConfigConflict(
             ("baseline_switches", "pack_attention"),
-            "packed_query_heads in baseline_switches packs the query heads of varlen segments' full calls; "
-            f"pack_attention = {c.pack_attention!r} runs no varlen call; fix: set pack = true and pack_attention = "
-            "'varlen-cudnn' (or 'varlen'), or remove it from baseline_switches",
+            "packed_query_heads in baseline_switches packs the query heads of varlen segments' full calls; this "
+            f"config runs none (pack = {str(c.pack).lower()}, pack_attention = {c.pack_attention!r}); fix: set pack = "
+            "true and pack_attention = 'varlen-cudnn' (or 'varlen'), or remove it from baseline_switches",
         )
 
 
