@@ -327,6 +327,7 @@ LANDED_SWITCHES = {
     "vit_fp16_attention": ("molmo2-x2-h200", "land-x2"),
     "optimizer_overlaps_vision": ("molmo2-overlap-h200", "land-x7"),
     "bf16_linear_weights": ("molmo2-x10-recompiled-h200", "land-x10"),
+    "fused_swiglu": ("molmo2-x11-h200", "land-x11"),
 }
 LANDED_CONFIG = {
     ("backward_chunks", 1): ("molmo2-fast-h200", "default-fast-path"),
@@ -383,7 +384,7 @@ OURS = {
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights"),
     ),
-    # ... with X11 (the MLP's ff_out(silu(gate) * up) as one op each way, molmo2-x11-h200)
+    # ... with X11 (the MLP's ff_out(silu(gate) * up) as one op each way, land-x11)
     "packed-varlen-cudnn-one-pass-x2-x7-x10-x11": (
         {**PACKED_ONE_PASS, "pack_attention": "varlen-cudnn"},
         (*ALL_SIX, "vit_fp16_attention", "optimizer_overlaps_vision", "bf16_linear_weights", "fused_swiglu"),

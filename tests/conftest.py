@@ -56,6 +56,7 @@ NEW_FREEZE_REFUSED = frozenset(
             "molmo2-overlap-h200",
             "molmo2-x10-h200",
             "molmo2-x10-recompiled-h200",
+            "molmo2-x11-h200",
         ),  # landed
     }
 )

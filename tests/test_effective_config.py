@@ -215,7 +215,7 @@ def test_every_run_of_the_lab_resolves_to_the_config_it_ran_with(lab: Ledger):
             else:
                 assert effective == meant(data["config"], geometry), (reg_id, rung)
             checked += 1
-    assert checked == 47  # every run-start the lab's ledger holds
+    assert checked == 49  # every run-start the lab's ledger holds
 
 
 def test_a_change_of_default_leaves_an_old_document_alone(lab: Ledger, monkeypatch):

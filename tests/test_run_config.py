@@ -277,6 +277,7 @@ WINNER = {
     "molmo2-pack-cudnn-h200": "B",
     "molmo2-overlap-h200": "B",
     "molmo2-x10-recompiled-h200": "B",
+    "molmo2-x11-h200": "B",
 }
 _ONE_CHUNK = "molmo2-fast-h200 (default-fast-path): one backward chunk of the whole batch"
 _SAME_STEPS = (

@@ -415,6 +415,7 @@ LANDED = {
     "vit_fp16_attention": "molmo2-x2-h200 (land-x2)",
     "optimizer_overlaps_vision": "molmo2-overlap-h200 (land-x7)",
     "bf16_linear_weights": "molmo2-x10-recompiled-h200 (land-x10)",
+    "fused_swiglu": "molmo2-x11-h200 (land-x11)",
 }
 # X7 overlaps one process's update with its next step; several ranks' updates wait on their own collectives. X10's
 # kernels update one process's whole AdamW state (several ranks would shard or all-reduce it).
@@ -428,7 +429,7 @@ CUDA_DEFAULTS: dict[str, Any] = {
     "pack": True,  # molmo2-pack-h200 (default-pack): no compute on padding
     "pack_one_pass": True,  # molmo2-pack-one-pass-h200 (default-one-pass)
     "pack_attention": "varlen-cudnn",  # molmo2-pack-cudnn-h200 (default-varlen-cudnn), over varlen and packed
-    # the S-bundle (land-bundle), X2 (land-x2); X7 (land-x7) and X10 (land-x10) on one process
+    # the S-bundle (land-bundle), X2 (land-x2), X11 (land-x11); X7 (land-x7) and X10 (land-x10) on one process
     "baseline_switches": tuple(LANDED),
     "fast_vocab_size": FAST_V2_VOCAB,  # the 4b geometry runs FAST tokenizer v2's whole block
 }
