@@ -1,12 +1,12 @@
-"""Is the image runs' varlen call on cuDNN faster with each key head's query heads packed into one head (X12,
-packed_query_heads: attention/segments.py packed_heads_call)?
+"""Is the image runs' varlen call on cuDNN faster with each key head's query heads packed into one head? (X12's
+gate: registrations/molmo2-x12-h200.toml; on the H200 it read the packed call slower, and X12 was retired.)
 
 In the landed step cuDNN's backward writes each key's gradient once per query head, in fp32, then reduces it over
 the 4 query heads that share a key head (`fmha_reduce_head_ragged`, about 7 ms a step over both calls of each
 block). The image runs' call has no causal band, so every query row attends on its own: the 4 query heads of a key
-head can be one head of 4x the rows, k and v are read by as many heads as they have, and the key gradient is summed
-inside the kernel, with nothing left to reduce. The causal text runs' call cannot be packed so (a packed row's
-number is not its position).
+head can be one head of 4x the rows (q [nq, heads, d] ordered (token, query head in its group) under each key head),
+k and v are then read by as many heads as they have, and the key gradient is summed inside the kernel, with nothing
+left to reduce. The causal text runs' call cannot be packed so (a packed row's number is not its position).
 
 The packing is one permutation of q (and its inverse on the output; on the backward the same on dO and dq). Timed
 here with those copies (as an eager call pays them) and without them (as they cost where a compiled block fuses the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,20 +31,30 @@ import torch  # noqa: E402
 from bench.cudnn_varlen_probe import call_inputs, largest_joined_plan, probe_arguments  # noqa: E402
 from bench.flex_configs import timed  # noqa: E402
 from engine.molmo2.attention import cudnn as ours  # noqa: E402
-from engine.molmo2.attention.segments import (  # noqa: E402
-    pack_query_heads,
-    packed_heads_call,
-    varlen_call,
-)
+
+
+def pack(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """q [nq, heads, d] (head h in key head h // group) -> [nq * group, kv_heads, d], row t * group + g."""
+    nq, heads, d = q.shape
+    group = heads // kv_heads
+    return q.view(nq, kv_heads, group, d).transpose(1, 2).reshape(nq * group, kv_heads, d)
+
+
+def unpack(o: torch.Tensor, heads: int) -> torch.Tensor:
+    """pack's inverse: [nq * group, kv_heads, d] -> [nq, heads, d]."""
+    rows, kv_heads, d = o.shape
+    group = heads // kv_heads
+    return o.view(rows // group, group, kv_heads, d).transpose(1, 2).reshape(rows // group, heads, d)
 
 
 def grouped_call(q, k, v, call):
-    return varlen_call(q, k, v, call, "cudnn")
+    o, _ = ours._forward(q, k, v, call.cu_q, call.cu_k, call.max_q, call.max_k, False)
+    return o
 
 
 def packed_call(q_packed, k, v, call, group: int):
-    """The kernel call of packed_heads_call, on q already packed (its output left packed)."""
-    return varlen_call(q_packed, k, v, replace(call, cu_q=call.cu_q * group, max_q=call.max_q * group), "cudnn")
+    o, _ = ours._forward(q_packed, k, v, call.cu_q * group, call.cu_k, call.max_q * group, call.max_k, False)
+    return o
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -60,14 +69,15 @@ def main(argv: list[str] | None = None) -> dict:
     group = heads // kv_heads
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, do = call_inputs(call, text, device, g)
+    assert torch.equal(unpack(pack(q, kv_heads), heads), q)  # the permutation and its inverse, exactly
 
     def fwd_bwd(forward, leaves, grad_out):
         return torch.autograd.grad(forward(*leaves), leaves, grad_out)
 
     grouped = [t.clone().requires_grad_() for t in (q, k, v)]
-    packed_eager = lambda q_, k_, v_: packed_heads_call(q_, k_, v_, call, "cudnn")  # noqa: E731
+    packed_eager = lambda q_, k_, v_: unpack(packed_call(pack(q_, kv_heads), k_, v_, call, group), heads)  # noqa: E731
     packed_fused = lambda qp, k_, v_: packed_call(qp, k_, v_, call, group)  # noqa: E731
-    q_packed, do_packed = pack_query_heads(q, kv_heads).contiguous(), pack_query_heads(do, kv_heads).contiguous()
+    q_packed, do_packed = pack(q, kv_heads).contiguous(), pack(do, kv_heads).contiguous()
     fused_leaves = [q_packed.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()]
 
     reference = grouped_call(*grouped, call)

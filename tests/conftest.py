@@ -48,6 +48,7 @@ NEW_FREEZE_REFUSED = frozenset(
         *("molmo2-fp8-h200", "molmo2-fp8-rowwise-h200", "molmo2-fp8-normed-h200"),  # X5, X6, X8
         "molmo2-staged-update-h200",  # X9
         *("molmo2-x4-h200", "molmo2-x4-landed-h200"),  # X4
+        "molmo2-x12-h200",  # X12
         *(
             "molmo2-perf-pass1",
             "molmo2-perf-pass1-h200",

@@ -10,7 +10,7 @@ import pytest
 from conftest import MINI, REGISTRATIONS, Cli, lab_ledger_copy, ledger_fingerprint, prereg_process, write
 
 from engine.molmo2.declaration import PROFILES
-from engine.molmo2.run_config import RETIRED, resolve
+from engine.molmo2.run_config import RETIRED, X12_GATE, resolve
 from prereg.ledger import Ledger
 from prereg.state import load_state
 
@@ -26,6 +26,7 @@ EVIDENCE = {
     "switch fp8_normed_input_linears": ("molmo2-fp8-normed-h200", None, "X8"),
     "switch staged_update": ("molmo2-staged-update-h200", "park-x9", None),
     "switch clip_in_adamw": ("molmo2-x4-landed-h200", "park-x4", None),
+    "switch packed_query_heads": (None, X12_GATE, None),  # no verdict: its gate kept its ladder from running
     "suffix_attention = 'flex'": ("molmo2-sflex-h200", None, None),
     "config key pack_multiple": (None, "no ladder landing it", None),
     "config key compile_dynamic": (None, "no ladder landing it", None),

@@ -61,12 +61,6 @@ RULE_CASES = {
         "baseline_switches",
         "Triton kernels in one CUDA process",
     ),
-    "_packed_query_heads_need_varlen": (
-        CPU,
-        {"pack": True, "pack_attention": "packed", "baseline_switches": ["packed_query_heads"]},
-        "baseline_switches",
-        "runs none (pack = true, pack_attention = 'packed')",
-    ),
 }
 
 
@@ -96,12 +90,6 @@ MORE_REFUSED = [
         "baseline_switches",
         "backward_chunks = 2 would sum the chunks' gradients in bf16",
     ),
-    (
-        CPU,
-        {"baseline_switches": ["packed_query_heads"]},
-        "baseline_switches",
-        "runs none (pack = false, pack_attention = None)",
-    ),
     (CPU, {"suffix_attention": "flex"}, "suffix_attention", "needs CUDA"),
     (CPU, {"batch": 12, "backward_chunks": 5}, "backward_chunks", "allowed with this batch: [1, 2, 3, 4, 6, 12]"),
 ]
@@ -121,7 +109,6 @@ ALLOWED = [
     (CPU_X2, {"ddp": False, "chunk_grad_allreduce": True, "ddp_wrapper": False, "zero1": True}),
     (H200, {"baseline_switches": ["optimizer_overlaps_vision"]}),
     (H200, {"baseline_switches": ["bf16_linear_weights"]}),
-    (CPU, {"pack": True, "pack_attention": "varlen", "baseline_switches": ["packed_query_heads"]}),
     (CPU, {"batch": 12, "backward_chunks": 4}),
 ]
 

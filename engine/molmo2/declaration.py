@@ -34,9 +34,9 @@ SWITCHES = {
     "update (clip, AdamW, the bf16 copy) writes; their gradients bf16 (CUDA, one process, one backward chunk)",
     "fused_swiglu": "X11: the decoder MLP's SwiGLU as one op each way, whose backward reads each (up, gate) pair and "
     "its gradient once and writes both halves of their gradient (Triton on CUDA), training mode only",
-    "packed_query_heads": "X12: a packed row's full (image-run) varlen calls with each key head's query heads as one "
-    "head of 4x the rows, the key gradients summed over them inside the kernel; varlen pack_attention, training "
-    "mode only",
+    "packed_query_heads": "X12 (retired: its gate, a probe on the H200, read the packed call slower; its code left "
+    "the workload): a packed row's full (image-run) varlen calls with each key head's query heads as one head of 4x "
+    "the rows, training mode only",
 }
 
 _TOL = frozenset({"tolerance"})

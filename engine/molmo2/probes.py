@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.molmo2.attention.execution import VARLEN_KERNELS
 from engine.molmo2.model.ar import ar_forward, ar_loss_sums, ar_losses
 from engine.molmo2.switches import Switches
 
@@ -62,11 +61,6 @@ def switch_inert(runner: "Molmo2Runner", switch: str) -> str | None:
         return (
             f"X10's update is Triton kernels over bf16 weights under bf16 autocast; profile {runner.profile.name} "
             "trains on the CPU in fp32"
-        )
-    if switch == "packed_query_heads" and runner.execution.pack_attention not in VARLEN_KERNELS:
-        return (
-            f"X12 packs the query heads of varlen segments' full calls; this config's pack_attention is "
-            f"{runner.execution.pack_attention!r}, which runs none"
         )
     return None
 

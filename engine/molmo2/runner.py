@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.memory.snapshot import MemoryInstrument
-from engine.molmo2.attention.execution import VARLEN_KERNELS, Execution
+from engine.molmo2.attention.execution import Execution
 from engine.molmo2.attention.packing import pack
 from engine.molmo2.data.collate import Collator, make_fast_tokenizer
 from engine.molmo2.data.fast import FastDecodeError
@@ -230,14 +230,7 @@ class Molmo2Runner:
     # ---- training ----
     def set_switches(self, switches: tuple[str, ...]) -> None:
         """A rung's items' switches, on top of the baseline's."""
-        wanted = self.with_switches(switches)
-        if wanted.packed_query_heads and self.execution.pack_attention not in VARLEN_KERNELS:
-            raise ValueError(
-                f"switch packed_query_heads (X12) packs the query heads of varlen segments' full calls; this rung's "
-                f"pack_attention is {self.execution.pack_attention!r}, which runs none; fix: set pack = true and "
-                "pack_attention = 'varlen-cudnn' (or 'varlen') for the rung, or drop the item from it"
-            )
-        self.switches = wanted
+        self.switches = self.with_switches(switches)
         self.model.switches = self.switches
 
     def with_switches(self, switches: tuple[str, ...] | list[str]) -> Switches:

@@ -15,6 +15,7 @@ RETIRED = {
     "fp8_normed_input_linears": "X8, the decoder blocks' two RMSNorm-reading linears as float8 matmuls",
     "staged_update": "X9, X7's update in stages, each waited for where the next step's forward first reads it",
     "clip_in_adamw": "X4, the gradient clip folded into the fused AdamW's grad_scale instead of a multiply pass first",
+    "packed_query_heads": "X12, the image runs' varlen calls with each key head's query heads as one head's rows",
 }
 
 
@@ -49,11 +50,6 @@ class Switches:
     # for the backward; Triton on CUDA. Training mode only.
     # A numerics change at the last bit: fp32 arithmetic rounded once, as inductor's kernels, in another order.
     fused_swiglu: bool = False
-    # X12: a packed row's full (image-run) varlen calls with each key head's query heads as one head of 4x the rows
-    # (attention/segments.py packed_heads_call), so the kernel's backward sums each key's gradient over the grouped
-    # heads inside itself instead of writing it per query head and reducing after. Varlen pack_attention only,
-    # training mode only. A numerics change in the order of that sum.
-    packed_query_heads: bool = False
 
     @classmethod
     def from_names(cls, names: list[str] | tuple[str, ...] | frozenset[str]) -> "Switches":

@@ -61,18 +61,15 @@ class Segments:
     keys: torch.Tensor  # [S] long: the calls' keys, concatenated (a key-row position per slot)
     key_copies: torch.Tensor  # [Nk, C] long: the slots of each key-row position, padded with S (no slot)
     kernel: str = "flash"  # on CUDA, the calls' kernel: "flash" (FlashAttention-2) or "cudnn" (cudnn.py)
-    # X12 (packed_query_heads): the full calls with each key head's query heads as one head of group x the rows
-    packed_query_heads: bool = False
 
     def to(self, device: torch.device | str) -> "Segments":
         return Segments(tuple(call.to(device) for call in self.calls), *(t.to(device) for t in
-                        (self.queries, self.inverse, self.keys, self.key_copies)), self.kernel,
-                        self.packed_query_heads)  # fmt: skip
+                        (self.queries, self.inverse, self.keys, self.key_copies)), self.kernel)  # fmt: skip
 
-    def on(self, kernel: str, packed_query_heads: bool = False) -> "Segments":
-        """The same plan on another CUDA kernel, its full calls' query heads packed or not."""
+    def on(self, kernel: str) -> "Segments":
+        """The same plan on another CUDA kernel."""
         assert kernel in KERNELS, kernel  # Execution validates pack_attention, which picks it
-        return replace(self, kernel=kernel, packed_query_heads=packed_query_heads)
+        return replace(self, kernel=kernel)
 
 
 class Gather(torch.autograd.Function):
@@ -225,11 +222,9 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
     outputs, q_at, k_at = [], 0, 0
     for call in segments.calls:
         nq, nk = call.queries.shape[0], call.keys.shape[0]
-        q_call, k_call, v_call = q[q_at : q_at + nq], k[k_at : k_at + nk], v[k_at : k_at + nk]
-        if segments.packed_query_heads and not call.causal:
-            outputs.append(packed_heads_call(q_call, k_call, v_call, call, segments.kernel))
-        else:
-            outputs.append(varlen_call(q_call, k_call, v_call, call, segments.kernel))
+        outputs.append(
+            varlen_call(q[q_at : q_at + nq], k[k_at : k_at + nk], v[k_at : k_at + nk], call, segments.kernel)
+        )
         q_at, k_at = q_at + nq, k_at + nk
     out = Gather.apply(torch.cat(outputs), segments.inverse, segments.queries[:, None])
     return out.transpose(0, 1)[None]
@@ -257,34 +252,6 @@ def varlen_call(
         mask = _segment_mask(qs.shape[2], ks.shape[2], call.causal)
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1))
     return torch.cat(outputs)
-
-
-def pack_query_heads(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """[nq, heads, d] (query head h reads key head h // group) -> [nq * group, kv_heads, d]: under key head j, row
-    t * group + g is query t's head j * group + g."""
-    nq, heads, d = q.shape
-    group = heads // kv_heads
-    return q.view(nq, kv_heads, group, d).transpose(1, 2).reshape(nq * group, kv_heads, d)
-
-
-def unpack_query_heads(o: torch.Tensor, heads: int) -> torch.Tensor:
-    """pack_query_heads' inverse: [nq * group, kv_heads, d] -> [nq, heads, d]."""
-    rows, kv_heads, d = o.shape
-    group = heads // kv_heads
-    return o.view(rows // group, group, kv_heads, d).transpose(1, 2).reshape(rows // group, heads, d)
-
-
-def packed_heads_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall, kernel: str) -> torch.Tensor:
-    """varlen_call's contract for a full (not causal) call, X12: each key head's `group` query heads are one head of
-    `group` x the rows, so the kernel reads k and v with as many heads as they have, and its backward sums a key's
-    gradient over those rows inside the kernel instead of writing it once per query head and reducing it after.
-    Each query row attends on its own (no band), so only the order of that sum changes. A causal call cannot be
-    packed so: a packed row's number is not its position, and the band reads it as one."""
-    assert not call.causal, "a causal band reads a packed row's number as its position"
-    heads, kv_heads = q.shape[1], k.shape[1]
-    group = heads // kv_heads
-    packed = replace(call, cu_q=call.cu_q * group, max_q=call.max_q * group)  # `queries` stays the row's own
-    return unpack_query_heads(varlen_call(pack_query_heads(q, kv_heads), k, v, packed, kernel), heads)
 
 
 def _gqa_argument() -> dict:

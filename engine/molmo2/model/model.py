@@ -146,11 +146,6 @@ class Molmo2Model(nn.Module):
         byte-anchors stay valid."""
         return self.training and self.switches.fused_swiglu
 
-    def _packed_query_heads(self) -> bool:
-        """X12 (packed_query_heads), training mode only, on varlen segments: evaluation keeps the baseline's
-        attention."""
-        return self.training and self.switches.packed_query_heads
-
     def _blocks(self, extending: bool) -> list[DecoderBlock]:
         """Compiled blocks for training and for prefixes; decode runs eager. Greedy decode extends its cache by one
         position a call, so compiled blocks would meet a new key length every token: a compilation each (seconds at
@@ -351,7 +346,7 @@ class Molmo2Model(nn.Module):
         if path == "masks":
             mask = (packed_prefix_block_mask if flex else packed_prefix_mask)(packing, mm_token_type_ids)
             return packing.prefix_pos, mask
-        return packing.prefix_pos, packing.segments.prefix.on(path, self._packed_query_heads())
+        return packing.prefix_pos, packing.segments.prefix.on(path)
 
     def _suffix_attention(self, attention_mask: torch.Tensor | None, cache: KVCache | None,
                           packing: Packing | None) -> tuple[torch.Tensor, Mask]:  # fmt: skip
@@ -363,7 +358,7 @@ class Molmo2Model(nn.Module):
         path = self._packed_path()
         if path == "masks":
             return packing.suffix_pos, packed_suffix_mask(packing)
-        return packing.suffix_pos, packing.segments.suffix.on(path, self._packed_query_heads())
+        return packing.suffix_pos, packing.segments.suffix.on(path)
 
 
 @torch.no_grad()
