@@ -5,10 +5,9 @@
 #   peer    every GPU test, then bench/peer_molmo2.py over OURS (arms) and PEER (the peer's configurations), its
 #           JSON named NAME (bench/h200_peer.sh does the same with a compile-cache warm-up beside the tests)
 #   final   peer, then ladder
-#   gated   the GPU tests TESTS, then the bench GATE_BENCH (block: bench/decoder_block.py, the default; packed-gqa:
-#           bench/cudnn_packed_gqa_probe.py), then the ladder REG only if the tests passed and GATE (a Python condition
-#           on that bench's JSON, `d`) holds: a ladder registered beside a kernel runs only where its kernel measured
-#           faster
+#   gated   the GPU tests TESTS, then bench/decoder_block.py, then the ladder REG only if the tests passed and GATE (a
+#           Python condition on the block bench's JSON, `d`) holds: a ladder registered beside a kernel runs only
+#           where its kernel measured faster
 # Whatever touches ledger.db brings it back under $OUT, to be committed here.
 set -uo pipefail
 source bench/device_env.sh
@@ -24,19 +23,9 @@ case "${PART:-ladder}" in
     [ "${PART}" = peer ] && exit 0 ;;
   gated)
     python3 -m pytest -p no:warnings -m gpu ${TESTS:-tests/} 2>&1 | tail -15 | tee "$OUT/gpu_tests.log" || exit 1
-    case "${GATE_BENCH:-block}" in
-      block)
-        python3 bench/decoder_block.py --geometry 4b --warmup 5 --repeats 30 --out "$OUT" > "$OUT/decoder_block.log" 2>&1
-        tail -6 "$OUT/decoder_block.log"
-        GATE_JSON=decoder_block_4b.json ;;
-      packed-gqa)
-        python3 bench/cudnn_packed_gqa_probe.py --profile h200-4b --warmup 3 --repeats 20 --out "$OUT" \
-          > "$OUT/cudnn_packed_gqa_probe.log" 2>&1
-        tail -5 "$OUT/cudnn_packed_gqa_probe.log"
-        GATE_JSON=cudnn_packed_gqa_probe_h200-4b.json ;;
-      *) echo "GATE_BENCH is block or packed-gqa, not ${GATE_BENCH}"; exit 2 ;;
-    esac
-    python3 -c "import json, sys; d = json.load(open('$OUT/$GATE_JSON')); sys.exit(0 if ($GATE) else 1)" \
+    python3 bench/decoder_block.py --geometry 4b --warmup 5 --repeats 30 --out "$OUT" > "$OUT/decoder_block.log" 2>&1
+    tail -6 "$OUT/decoder_block.log"
+    python3 -c "import json, sys; d = json.load(open('$OUT/decoder_block_4b.json')); sys.exit(0 if ($GATE) else 1)" \
       || { echo "the ladder's gate does not hold: $GATE"; exit 0; } ;;
   bench)
     python3 bench/molmo2_switches.py --profile h200-4b --warmup 2 --steps 4 --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
