@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -48,13 +49,12 @@ def unpack(o: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def grouped_call(q, k, v, call):
-    o, _ = ours._forward(q, k, v, call.cu_q, call.cu_k, call.max_q, call.max_k, False)
-    return o
+    return ours.cudnn_varlen_call(q, k, v, call)
 
 
 def packed_call(q_packed, k, v, call, group: int):
-    o, _ = ours._forward(q_packed, k, v, call.cu_q * group, call.cu_k, call.max_q * group, call.max_k, False)
-    return o
+    """The call on q already packed: each segment has group x the rows; the output stays packed."""
+    return ours.cudnn_varlen_call(q_packed, k, v, replace(call, cu_q=call.cu_q * group, max_q=call.max_q * group))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> dict:
         "grouped_forward_ms": timed(lambda: grouped_call(q, k, v, call), args.warmup, args.repeats, device),
         "grouped_fwd_bwd_ms": timed(
             lambda: fwd_bwd(lambda *t: grouped_call(*t, call), grouped, do), args.warmup, args.repeats, device
-        ),  # fmt: skip
+        ),
         "packed_forward_ms": timed(lambda: packed_eager(q, k, v), args.warmup, args.repeats, device),
         "packed_fwd_bwd_ms": timed(lambda: fwd_bwd(packed_eager, grouped, do), args.warmup, args.repeats, device),
         "packed_fused_forward_ms": timed(lambda: packed_fused(q_packed, k, v), args.warmup, args.repeats, device),
         "packed_fused_fwd_bwd_ms": timed(
             lambda: fwd_bwd(packed_fused, fused_leaves, do_packed), args.warmup, args.repeats, device
-        ),  # fmt: skip
+        ),
     }
     times = {key: seconds * 1e3 for key, seconds in times.items()}
     result = {
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
             "repeats": args.repeats,
             "timing": "median of CUDA-event times per call after warm-up",
             "packed_fused": "q and dO already packed, o and dq left packed: the permutations' copies not timed",
-        },  # fmt: skip
+        },
         **times,
         **diffs,
     }

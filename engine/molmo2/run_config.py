@@ -450,7 +450,7 @@ def defaults(profile: Profile) -> dict[str, Any]:
 
 # X12's ladder (molmo2-x12-h200) never ran: the gate its header states, the packed-GQA probe on the H200, read
 # the packed call slower (bench/results/cudnn_packed_gqa_probe_h200-4b.json).
-X12_GATE = "molmo2-x12-h200's gate (the packed call 0.32 ms slower on the H200; its ladder did not run)"
+X12_GATE = "molmo2-x12-h200's gate (on the H200 the packed call ran slower by 0.32 ms; its ladder did not run)"
 RETIRED = (
     RetiredOption("value", "pack_attention", "molmo2-pack-rows-h200 (park-rows)", value="rows"),
     RetiredOption("value", "pack_attention", "molmo2-pack-fa4-h200 (park-varlen-fa4)", value="varlen-fa4"),
