@@ -73,6 +73,12 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
     device = sorted(
         (e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("dur", 0) > 0), key=lambda e: e["ts"]
     )
+    # a kernel's "External id" is the one of the host op that launched it: an eager kernel's aten op (with its input
+    # shapes where the profile recorded them), a compiled graph's kernel its own Triton or extern call
+    launchers = {
+        e["args"]["External id"]: e for e in events if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})
+    }
+    origin_totals: dict[tuple[str, str], list] = defaultdict(lambda: [0.0, 0])
     per_stream_total: dict[int, float] = defaultdict(float)
     for e in device:
         per_stream_total[e["args"]["stream"]] += e["dur"]
@@ -93,6 +99,10 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
             kernel = kernel_totals[e["args"]["stream"]][e["name"]]
             kernel[0] += (t - s) / 1e3
             kernel[1] += 1
+            if e["args"]["stream"] == main:
+                origin = origin_totals[(e["name"], launched_by(launchers.get(e["args"].get("External id"))))]
+                origin[0] += (t - s) / 1e3
+                origin[1] += 1
         busy = union_ms([iv for st in streams.values() for iv in st["intervals"]])
         per_stream = {
             str(sid): {"busy_ms": union_ms(st["intervals"]), "kinds_ms": dict(sorted(st["kinds"].items())),
@@ -147,12 +157,26 @@ def analyse(events: list[dict[str, Any]], gap_floor_us: float = 20.0, top: int =
             ]
             for sid, names in sorted(kernel_totals.items())
         },  # fmt: skip
+        # the main stream's kernels by the host op that launched them, the most time first
+        "top_origins": [
+            {"kernel": name, "launched_by": op, "ms_per_step": ms / n, "per_step": count / n}
+            for (name, op), (ms, count) in sorted(origin_totals.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
         "gaps_by_neighbours": [
             {"after": a, "before": b, "ms_per_step": total / n, "per_step": count / n}
             for (a, b), (total, count) in gap_pairs
         ],
         "per_step": rows,
     }
+
+
+def launched_by(op: dict[str, Any] | None) -> str:
+    """The launching host op's name, with its input shapes where recorded; "(unknown)" where the trace has none."""
+    if op is None:
+        return "(unknown)"
+    dims = op.get("args", {}).get("Input Dims")
+    shapes = [d for d in dims if d] if dims else []
+    return f"{op['name']} {shapes}" if shapes else op["name"]
 
 
 PRINTED = 12  # rows of each printed list; the JSON keeps --top
@@ -176,6 +200,10 @@ def print_table(result: dict[str, Any]) -> None:
         print(
             f"    {kernel['ms_per_step']:6.2f} {kernel['per_step']:6.1f}  {kernel['kind']:9} {shorten(kernel['name'])}"
         )
+    print("  the main stream's kernels by the host op that launched them (ms per step, calls per step):")
+    for origin in result["top_origins"][:PRINTED]:
+        print(f"    {origin['ms_per_step']:6.2f} {origin['per_step']:6.1f}  {shorten(origin['kernel'], 50)}  <-  "
+              f"{shorten(origin['launched_by'], 90)}")  # fmt: skip
     print("  the main stream's gaps, by the kernels either side (ms per step, gaps per step):")
     for gap in result["gaps_by_neighbours"][:PRINTED]:
         print(f"    {gap['ms_per_step']:6.2f} {gap['per_step']:6.1f}  after {gap['after']}  before {gap['before']}")
@@ -197,6 +225,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="profiled steps (4 = one pass of the pool)")
     parser.add_argument("--gap-floor-us", type=float, default=20.0, help="the shortest main-stream gap listed")
     parser.add_argument("--top", type=int, default=40, help="kernels per stream and gap pairs kept in the JSON")
+    parser.add_argument("--record-shapes", action="store_true", help="record each host op's input shapes")
     parser.add_argument("--keep-trace", action="store_true", help="also write the trace, gzipped, under --out")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
@@ -215,7 +244,7 @@ def main() -> None:
     drain(device)
     warm_s = time.perf_counter() - started
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=args.record_shapes) as prof:
         for index in range(args.steps):
             drain(device)
             with record_function(f"step {index}"):
@@ -246,6 +275,7 @@ def main() -> None:
         "load_and_warm_up_s": warm_s,
         "step": "drain, the step, drain (bench/peer_molmo2.py's timing), under torch.profiler",
         "gap_floor_us": args.gap_floor_us,
+        "record_shapes": args.record_shapes,
     }
     (out / f"{name}.json").write_text(json.dumps({"conditions": conditions, **result}, indent=1))
     print(json.dumps(conditions))

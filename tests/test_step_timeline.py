@@ -100,6 +100,34 @@ def test_a_step_window_gives_busy_idle_overlap_and_the_main_streams_gaps():
     assert result["gaps_by_neighbours"][0]["ms_per_step"] == pytest.approx(0.5)  # 1.0 ms over two steps
 
 
+def test_the_main_streams_kernels_are_attributed_to_the_host_op_that_launched_them():
+    # two eager copies launched by aten::copy_ (shapes recorded), one by an op the trace lost, a side-stream kernel
+    # (not attributed: only the main stream's are), and a cpu_op with no kernel
+    def host_op(name, ts, args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": 5, "args": args}
+
+    def launched(name, ts, dur, external, stream=MAIN):
+        event = kernel(name, ts, dur, stream)
+        event["args"]["External id"] = external
+        return event
+
+    events = [
+        step(0, 0, 1_000),
+        host_op("aten::copy_", 0, {"External id": 11, "Input Dims": [[4, 8], [4, 8], []]}),
+        host_op("aten::copy_", 10, {"External id": 12, "Input Dims": [[4, 8], [4, 8], []]}),
+        host_op("aten::mul", 20, {"External id": 13}),
+        launched("elementwise_kernel", 0, 300, 11),
+        launched("elementwise_kernel", 300, 100, 12),
+        launched("elementwise_kernel", 400, 50, 99),
+        launched("multi_tensor_apply_kernel", 0, 200, 13, SIDE),
+    ]
+    origins = [(o["kernel"], o["launched_by"], o["ms_per_step"], o["per_step"]) for o in analyse(events)["top_origins"]]
+    assert origins == [
+        ("elementwise_kernel", "aten::copy_ [[4, 8], [4, 8]]", pytest.approx(0.4), 2.0),
+        ("elementwise_kernel", "(unknown)", pytest.approx(0.05), 1.0),
+    ]
+
+
 def test_a_gap_shorter_than_the_floor_is_not_listed():
     events = [step(0, 0, 1_000), kernel("a", 0, 400), kernel("b", 410, 590)]
     result = analyse(events, gap_floor_us=20)
