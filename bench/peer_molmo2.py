@@ -50,6 +50,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -118,8 +119,9 @@ def attention_pairs(chunk: ARBatch) -> tuple[float, float]:
     return prefix_pairs, float((suffix * prefix + suffix * (suffix + 1) / 2).sum())
 
 
-def vision_flops(config: Molmo2Config, prefix: PrefixInputs) -> float:
-    """The frozen vision tower and adapter, forward only (the module docstring says what counts)."""
+def vision_flops(config: Molmo2Config, prefix: PrefixInputs) -> dict[str, float]:
+    """The frozen vision tower and adapter, forward only (the module docstring says what counts), as
+    {"vision_matmuls", "vision_attention"}."""
     v, a, hidden = config.vision, config.adapter, config.text.hidden_size
     crops, patches = prefix.pixel_values.shape[:2]
     pooled = prefix.image_token_pooling.shape[0]
@@ -131,14 +133,16 @@ def vision_flops(config: Molmo2Config, prefix: PrefixInputs) -> float:
     pooling = pool_in * width + width * a.hidden_size  # the query's projection and the output's
     projector = 2 * a.hidden_size * a.intermediate_size + a.intermediate_size * hidden  # w1, w3; w2
     adapter = pooled * (pooling + projector) + slots * 2 * pool_in * width  # keys and values of the valid slots
-    matmuls = 2 * (vit + adapter)
     attention = 4 * v.num_heads * v.head_dim * config.vit_stored_layers * crops * patches**2
     attention += 4 * a.num_heads * a.head_dim * slots
-    return float(matmuls + attention)
+    return {"vision_matmuls": float(2 * (vit + adapter)), "vision_attention": float(attention)}
 
 
-def chunk_flops(config: Molmo2Config, chunk: ARBatch) -> float:
-    """Model FLOPs of one chunk's forward and backward (the module docstring says what counts)."""
+def chunk_flop_parts(config: Molmo2Config, chunk: ARBatch) -> dict[str, float]:
+    """Model FLOPs of one chunk's forward and backward (the module docstring says what counts), by part: the
+    matmuls (the decoder's and the heads'; the vision tower's and adapter's) and the attention (the decoder's; the
+    vision tower's and pooling's). A step's matmul part against its GEMM kernels' time says how near the ceiling
+    they run."""
     t = config.text
     prefix_tokens = float(chunk.prefix.attention_mask.sum())
     suffix_tokens = float(chunk.suffix.attention_mask.sum())
@@ -154,12 +158,27 @@ def chunk_flops(config: Molmo2Config, chunk: ARBatch) -> float:
     prefix_pairs, suffix_pairs = attention_pairs(chunk)
     attention = 12 * t.num_heads * t.head_dim * ((layers - 1) * prefix_pairs + layers * suffix_pairs)
     head = (4 * t.vocab_size + 6 * config.fast_vocab_size) * t.hidden_size * loss_tokens
-    return decoder + attention + head + vision_flops(config, chunk.prefix)
+    return {"decoder_matmuls": decoder + head, "decoder_attention": attention, **vision_flops(config, chunk.prefix)}
+
+
+def chunk_flops(config: Molmo2Config, chunk: ARBatch) -> float:
+    """Model FLOPs of one chunk's forward and backward: the sum of its parts."""
+    return sum(chunk_flop_parts(config, chunk).values())
 
 
 def step_flops(runner: Molmo2Runner) -> float:
     """Model FLOPs of the pool's average step."""
     return sum(chunk_flops(runner.config, c) for step in runner.pool for c in step.chunks) / len(runner.pool)
+
+
+def step_flop_parts(runner: Molmo2Runner) -> dict[str, float]:
+    """The pool's average step's model FLOPs by part (chunk_flop_parts)."""
+    parts: dict[str, float] = defaultdict(float)
+    for step in runner.pool:
+        for chunk in step.chunks:
+            for part, flops in chunk_flop_parts(runner.config, chunk).items():
+                parts[part] += flops / len(runner.pool)
+    return dict(parts)
 
 
 def time_steps(step_fn, steps, warmup: int, repeats: int, device) -> tuple[list[float], list[float]]:
@@ -492,6 +511,7 @@ def main() -> None:
         else "fp32 (no autocast on a CPU), AdamW",
         **base,
         "sequence_lengths": None,
+        "flops_by_part": None,
         "warmup": args.warmup,
         "cycles": args.cycles,
         "timed_steps": None,
@@ -529,6 +549,7 @@ def main() -> None:
             }
         if conditions["sequence_lengths"] is None and hasattr(runner, "pool"):
             conditions["sequence_lengths"] = sequence_lengths(runner)
+            conditions["flops_by_part"] = step_flop_parts(runner)
             conditions["timed_steps"] = args.cycles * len(runner.pool)
         rows.append(row)
         print(json.dumps(row), flush=True)

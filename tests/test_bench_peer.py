@@ -17,8 +17,8 @@ from conftest import REPO
 from molmo2_fixtures import make_runner
 
 CONDITIONS = {"device", "torch", "cuda", "cudnn", "transformers", "dtype", "batch", "camera_counts", "max_crops",
-              "sequence_lengths", "warmup", "cycles", "timed_steps", "bf16_matmul_tflops", "ceiling", "s_per_step",
-              "flops", "order", "alongside", "compile_cache"}  # fmt: skip
+              "sequence_lengths", "flops_by_part", "warmup", "cycles", "timed_steps", "bf16_matmul_tflops", "ceiling",
+              "s_per_step", "flops", "order", "alongside", "compile_cache"}  # fmt: skip
 ROW = {"name", "kind", "landed_only", "config", "switches", "peer_config", "load_s", "peak_gib", "alloc_retries",
        "error", "warmup_times", "times", "s_per_step", "median_s", "tokens_per_s", "padding", "flops_per_step",
        "mfu"}  # fmt: skip
@@ -54,6 +54,9 @@ def test_the_peer_benchmark_runs_both_sides_every_peer_configuration_a_row(tmp_p
     assert PEER_CONFIG == set(keep["peer_config"]) and keep["peer_config"]["chunks"] == 2
     assert keep["peer_config"]["logits_to_keep"] and not keep["peer_config"]["use_cache"]
     assert keep["flops_per_step"] == ours["flops_per_step"]  # one count for every row
+    parts = conditions["flops_by_part"]
+    assert set(parts) == {"decoder_matmuls", "decoder_attention", "vision_matmuls", "vision_attention"}
+    assert sum(parts.values()) == pytest.approx(ours["flops_per_step"], rel=1e-12)
     assert flash["s_per_step"] is None and flash["times"] is None and "Flash" in flash["error"], flash["error"]
     assert "vs best peer" in result.stdout and "vs peer defaults" in result.stdout
     assert "aten::mm" in (tmp_path / "profile_baseline" / "top_ops.txt").read_text()
@@ -109,7 +112,7 @@ def test_the_flop_count_is_the_hand_count_at_the_tiny_geometry():
     from molmo2_fixtures import Row, make_batch, tiny_config
 
     sys.path.insert(0, str(REPO / "bench"))
-    from peer_molmo2 import attention_pairs, chunk_flops
+    from peer_molmo2 import attention_pairs, chunk_flop_parts, chunk_flops
 
     batch = make_batch(tiny_config(), [Row(images=1, text=4, aux=2, fast=3), Row(images=1, text=2, aux=1, fast=2)])
     # real tokens: prefixes 2 + 8 + 4 = 14 and 2 + 8 + 2 = 12 (an image crop is start, 2 x (2 patches + col),
@@ -129,8 +132,14 @@ def test_the_flop_count_is_the_hand_count_at_the_tiny_geometry():
     crops, patches, pooled, slots = 2, 9, 4 * 2, 9 * 2
     vit = crops * patches * (588 * 32 + 3 * (4 * 32 * 32 + 2 * 32 * 64))  # patch embedding, 3 blocks
     adapter = pooled * (64 * 32 + 32 * 32 + 2 * 32 * 96 + 96 * 64) + slots * 2 * 64 * 32  # q, o, projector; k, v
-    vision = 2 * (vit + adapter) + 4 * 2 * 16 * 3 * crops * patches**2 + 4 * 2 * 16 * slots  # forward only
-    assert chunk_flops(tiny_config(), batch) == decoder + attention + head + vision
+    vision_attention = 4 * 2 * 16 * 3 * crops * patches**2 + 4 * 2 * 16 * slots  # forward only
+    assert chunk_flop_parts(tiny_config(), batch) == {
+        "decoder_matmuls": decoder + head,
+        "decoder_attention": attention,
+        "vision_matmuls": 2 * (vit + adapter),
+        "vision_attention": vision_attention,
+    }
+    assert chunk_flops(tiny_config(), batch) == decoder + attention + head + 2 * (vit + adapter) + vision_attention
 
 
 def test_attention_pairs_count_the_image_block_and_no_padding():
