@@ -6,12 +6,14 @@ on. This reads the trace's kernel intervals per stream inside each step's host w
 to the drain after it, so its wall time is the benchmark's): the union of every stream's kernels is the device's busy
 time, the rest of the window is idle; a second stream's kernels that run while the main stream also runs are
 overlap (X7's update under the vision tower); and each stretch of the window the main stream (the one with the
-most kernel time) leaves empty is a gap, named by the kernels on either side of it.
+most kernel time) leaves empty is a gap, named by the kernels on either side of it. Each main-stream kernel is also
+charged to the host op that launched it (the trace's "External id"; with --record-shapes, that op's input shapes),
+which names the eager ops behind an unnamed elementwise kernel.
 
     python bench/step_timeline.py --profile h200-4b --arm packed-varlen-cudnn-one-pass-x2-x7 --out "$OUT"
 
-Writes step_timeline_<profile>_<arm>.json under --out (conditions, per step and mean figures, the largest gaps),
-and prints the table.
+Writes step_timeline_<profile>_<arm>.json under --out (conditions, per step and mean figures, the largest gaps, the
+kernels by launching op), and prints the table.
 """
 
 from __future__ import annotations
