@@ -166,13 +166,8 @@ def chunk_flops(config: Molmo2Config, chunk: ARBatch) -> float:
     return sum(chunk_flop_parts(config, chunk).values())
 
 
-def step_flops(runner: Molmo2Runner) -> float:
-    """Model FLOPs of the pool's average step."""
-    return sum(chunk_flops(runner.config, c) for step in runner.pool for c in step.chunks) / len(runner.pool)
-
-
 def step_flop_parts(runner: Molmo2Runner) -> dict[str, float]:
-    """The pool's average step's model FLOPs by part (chunk_flop_parts)."""
+    """The pool's average step's model FLOPs by part (chunk_flop_parts); their sum is the step's count."""
     parts: dict[str, float] = defaultdict(float)
     for step in runner.pool:
         for chunk in step.chunks:
@@ -535,8 +530,10 @@ def main() -> None:
         row |= {"load_s": load_s, "peak_gib": peak_gib(device), "alloc_retries": retries, "error": error,
                 "warmup_times": warm, "times": timed, "s_per_step": None, "median_s": None, "tokens_per_s": None,
                 "padding": None, "flops_per_step": None, "mfu": None}  # fmt: skip
+        first = conditions["sequence_lengths"] is None and hasattr(runner, "pool")
+        parts = step_flop_parts(runner) if timed or first else None  # the pool's masks: counted once a row
         if timed:
-            flops = step_flops(runner)
+            flops = sum(parts.values())
             mean = statistics.fmean(timed)
             tokens = statistics.fmean(step.useful_tokens for step in runner.pool)
             row |= {
@@ -547,9 +544,9 @@ def main() -> None:
                 "flops_per_step": flops,
                 "mfu": flops / mean / ceiling if ceiling else None,
             }
-        if conditions["sequence_lengths"] is None and hasattr(runner, "pool"):
+        if first:
             conditions["sequence_lengths"] = sequence_lengths(runner)
-            conditions["flops_by_part"] = step_flop_parts(runner)
+            conditions["flops_by_part"] = parts
             conditions["timed_steps"] = args.cycles * len(runner.pool)
         rows.append(row)
         print(json.dumps(row), flush=True)
