@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,17 @@ pytestmark = pytest.mark.xdist_group("engine")  # two ranks each: one such test 
 # ---- two gloo ranks ----
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, worker_name: str, port: int, out: str) -> None:
+    # The C++ side (gloo, c10d) reports on fd 2 and may abort the process: keep what it said beside the result
+    stderr = open(Path(out) / f"rank{rank}.stderr", "w")  # noqa: SIM115 — open until the process ends
+    os.dup2(stderr.fileno(), 2)
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # as under torchrun: the store is the launcher's, not rank 0's
     )
     torch.set_num_threads(1)  # two ranks on two cores
     ranks = join_ranks("cpu")  # the engine's own join, from torchrun's environment variables
@@ -71,8 +72,21 @@ def _rank_main(rank: int, worker_name: str, port: int, out: str) -> None:
 
 
 def two_ranks(worker_name: str, out: Path) -> list[dict]:
-    mp.spawn(_rank_main, args=(worker_name, _free_port(), str(out)), nprocs=WORLD, join=True)
+    """Run the worker on two spawned ranks. The rendezvous store lives in this process, as torchrun's agent
+    hosts it, so it outlasts both ranks' teardown and its port is bound before either rank starts."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    try:
+        mp.spawn(_rank_main, args=(worker_name, store.port, str(out)), nprocs=WORLD, join=True)
+    except mp.ProcessExitedException as error:
+        said = "\n".join(f"rank {r} stderr:\n{_tail(out / f'rank{r}.stderr')}" for r in range(WORLD))
+        raise AssertionError(f"{error}\n{said}") from error
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return "(none written)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def tiny_model(seed: int) -> Molmo2Model:
