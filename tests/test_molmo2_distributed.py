@@ -83,10 +83,10 @@ def two_ranks(worker_name: str, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def _tail(path: Path) -> str:
     if not path.exists():
         return "(none written)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(path.read_text(errors="replace").splitlines()[-40:])  # a C++ abort's message is its last lines
 
 
 def tiny_model(seed: int) -> Molmo2Model:
